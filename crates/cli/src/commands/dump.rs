@@ -1,0 +1,10 @@
+//! `hangwatch dump`.
+
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
+    Err(crate::exit::usage("`hangwatch dump` is not implemented yet"))
+}

@@ -1,0 +1,8 @@
+//! One module per subcommand.
+
+pub mod dump;
+pub mod inspect_child;
+pub mod kmsg;
+pub mod not_yet;
+pub mod probe;
+pub mod run;

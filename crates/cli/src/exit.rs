@@ -1,0 +1,47 @@
+//! Exit codes (SPEC.md) and how `main` turns a command's result into one.
+
+use std::process::ExitCode;
+
+/// Usage or configuration error.
+pub const USAGE: u8 = 2;
+/// hangwatch's own failure.
+pub const FAILURE: u8 = 1;
+/// hangwatch ended a hung job (EX_TEMPFAIL: retryable).
+#[allow(dead_code)]
+pub const HUNG_JOB_ENDED: u8 = 75;
+
+/// An error in what the user asked for: printed with its causes, exit code 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Shorthand for returning a [`UsageError`].
+pub fn usage(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UsageError(message.into()))
+}
+
+/// Prints the error chain on stderr and maps it to the SPEC's exit code.
+pub fn finish(result: anyhow::Result<ExitCode>) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            let code = if err.downcast_ref::<UsageError>().is_some() {
+                USAGE
+            } else {
+                FAILURE
+            };
+            eprintln!("hangwatch: error: {err}");
+            for cause in err.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::from(code)
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! Wire types of hangwatch: the verdict (SPEC.md, `"version": 1`) and the observations of rank processes that the
+//! pure decisions in `hangwatch-diagnosis` are made from.
+//!
+//! Every field that does not apply is `None` and serializes as `null`: hangwatch never invents a value.
+
+mod observation;
+mod verdict;
+
+pub use observation::*;
+pub use verdict::*;

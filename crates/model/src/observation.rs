@@ -1,0 +1,140 @@
+//! Observations of rank processes: what the inspector read from /proc, py-spy and probes, before any decision.
+
+use serde::{Deserialize, Serialize};
+
+/// Everything read about one rank process during one roll call.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessObservation {
+    pub pid: i32,
+    /// Global rank (`RANK` in the process's environment), when known.
+    pub rank: Option<u32>,
+    pub local_rank: Option<u32>,
+    pub node: Option<String>,
+    /// `comm` from /proc/PID/stat (15 characters at most).
+    pub comm: Option<String>,
+    /// The process no longer exists (or is a zombie) at the time of observation.
+    pub exited: bool,
+    /// Exit status when hangwatch is its parent and reaped it.
+    pub exit_code: Option<i32>,
+    pub threads: Vec<ThreadObservation>,
+    /// Non-zero when a tracer (py-spy, strace, gdb) is attached.
+    pub tracer_pid: Option<i32>,
+    /// SIGSTOP pending on the process or any of its threads.
+    pub sigstop_pending: bool,
+    /// Python stacks, one per Python thread; `None` when not read (not Python, or the read failed).
+    pub python: Option<Vec<PythonThread>>,
+    /// Reads that failed or timed out while observing this process, in words ("python stack read timed out
+    /// after 1s: the process's memory map is locked").
+    pub read_issues: Vec<String>,
+}
+
+/// One thread of a rank process, sampled twice.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThreadObservation {
+    pub tid: i32,
+    /// Thread name (`comm` of the task).
+    pub name: Option<String>,
+    /// State letter from the second sample (R, S, D, T, t, Z, X, I, P, W, K).
+    pub state: char,
+    pub wchan: Option<String>,
+    pub syscall: Option<SyscallObservation>,
+    /// Kernel stack frames (`/proc/PID/task/TID/stack`, root only), without addresses.
+    pub kernel_stack: Option<Vec<String>>,
+    pub voluntary_ctxt_switches: Option<u64>,
+    pub nonvoluntary_ctxt_switches: Option<u64>,
+    /// No context switch and no CPU time between the two samples: the thread did not run for at least this long.
+    pub not_running_for_ms: Option<u64>,
+    /// CPU time (user + system) spent between the two samples.
+    pub cpu_ms_during_sample: Option<u64>,
+    /// Total CPU time (user + system) at the second sample.
+    pub cpu_ms_total: Option<u64>,
+    /// SIGKILL pending on this thread (an earlier kill did not take effect yet).
+    pub sigkill_pending: bool,
+}
+
+/// What `/proc/PID/task/TID/syscall` said, decoded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SyscallObservation {
+    /// The thread is running on a CPU.
+    Running,
+    /// Blocked, but not in a system call (`-1 sp pc`: e.g. a page fault on a frozen mount).
+    NotInSyscall,
+    /// Blocked in a system call.
+    InSyscall {
+        nr: i64,
+        /// Name for the machine's architecture (`write`), when known.
+        name: Option<String>,
+        args: Vec<u64>,
+        /// The file descriptor argument, for calls whose first argument is one.
+        fd: Option<i32>,
+        /// What that fd (or a path argument) points at.
+        file: Option<FileRef>,
+    },
+}
+
+/// A file a thread is using, resolved without touching its filesystem.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// `readlink` of /proc/PID/fd/N (`/shared/log.txt`, `socket:[1234]`, `pipe:[5678]`).
+    pub path: String,
+    /// Mount point containing it (from fdinfo mnt_id and mountinfo).
+    pub mount: Option<String>,
+    pub fstype: Option<String>,
+    /// Mount source (device, server:/export), when known.
+    pub source: Option<String>,
+}
+
+/// One thread's Python stack, innermost frame first.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PythonThread {
+    /// Kernel thread id, when the interpreter exposes it (Python 3.11+ for non-main threads).
+    pub os_tid: Option<i32>,
+    pub thread_id: u64,
+    pub name: Option<String>,
+    pub frames: Vec<PythonFrame>,
+}
+
+/// One Python frame.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PythonFrame {
+    pub function: String,
+    pub filename: String,
+    pub line: i32,
+}
+
+impl PythonFrame {
+    /// `function (file:line)`, as shown in verdicts.
+    pub fn display(&self) -> String {
+        format!("{} ({}:{})", self.function, self.filename, self.line)
+    }
+}
+
+/// Result of probing one filesystem.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeResult {
+    /// The path that was asked about.
+    pub path: String,
+    pub mount: Option<String>,
+    pub fstype: Option<String>,
+    pub source: Option<String>,
+    /// `true`: every probe step returned in time; `false`: one did not (or failed in a way that means the
+    /// filesystem is broken); `None`: could not be determined.
+    pub responsive: Option<bool>,
+    /// Milliseconds the probe took, or waited before giving up.
+    pub elapsed_ms: u64,
+    /// Human explanation ("write probe did not return within 2s", "still stuck from a probe started 14s ago").
+    pub detail: String,
+    /// The probe steps that ran, each with its outcome.
+    pub steps: Vec<ProbeStep>,
+}
+
+/// One step of a filesystem probe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeStep {
+    /// `stat`, `statfs`, `write`.
+    pub step: String,
+    /// `ok`, `timeout`, `error: ...`, `skipped: ...`.
+    pub outcome: String,
+    pub elapsed_ms: u64,
+}

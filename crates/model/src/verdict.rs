@@ -1,0 +1,173 @@
+//! The verdict: what `dump --json` and `run --json` print and what `verdict.json` in an evidence bundle holds.
+
+use serde::{Deserialize, Serialize};
+
+/// The version of the verdict document; bumped only on incompatible changes.
+pub const VERDICT_VERSION: u32 = 1;
+
+/// What kind of hang the roll call found (SPEC.md "The verdict").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictKind {
+    /// A rank waits inside a system call that does not come back (D state, or an S-state wait on an unresponsive
+    /// filesystem such as FUSE or NFS).
+    BlockedInKernel,
+    /// A rank is stopped (T/t state).
+    Stopped,
+    /// A rank died while the others wait.
+    Exited,
+    /// A rank is somewhere else than its peers, not in the kernel (e.g. a data-loader deadlock).
+    Diverged,
+    /// A rank computes while its peers wait.
+    Busy,
+    /// All ranks wait in the same collective; no outlier.
+    CollectiveHang,
+    /// An agent stopped answering.
+    NodeUnreachable,
+    /// Nothing stands out.
+    Unknown,
+}
+
+impl VerdictKind {
+    /// The name used in JSON and in human output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VerdictKind::BlockedInKernel => "blocked_in_kernel",
+            VerdictKind::Stopped => "stopped",
+            VerdictKind::Exited => "exited",
+            VerdictKind::Diverged => "diverged",
+            VerdictKind::Busy => "busy",
+            VerdictKind::CollectiveHang => "collective_hang",
+            VerdictKind::NodeUnreachable => "node_unreachable",
+            VerdictKind::Unknown => "unknown",
+        }
+    }
+}
+
+/// The verdict document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub version: u32,
+    pub kind: VerdictKind,
+    /// One sentence a person can act on.
+    pub summary: String,
+    /// How long progress had stopped when the verdict was made; `null` for a dump taken without a detector.
+    pub stalled_for_s: Option<f64>,
+    pub culprits: Vec<Culprit>,
+    pub groups: Vec<Group>,
+    pub filesystems: Vec<FilesystemStatus>,
+    pub actions: Vec<ActionRecord>,
+    /// Seconds since the Unix epoch when the roll call was taken.
+    #[serde(default)]
+    pub observed_at_unix_s: Option<f64>,
+    /// The node the verdict was made on (hostname), when made by one agent.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// What a person should do next, most important first.
+    #[serde(default)]
+    pub recommendations: Vec<String>,
+    /// Reads that failed or timed out, tools attached to ranks, anything that limits what the verdict could see.
+    #[serde(default)]
+    pub warnings: Vec<String>,
+    /// The full roll call: one entry per rank process, in rank order.
+    #[serde(default)]
+    pub ranks: Vec<RankReport>,
+}
+
+/// A rank that holds the others up, with where it is stuck.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Culprit {
+    pub rank: Option<u32>,
+    pub node: Option<String>,
+    pub pid: i32,
+    /// The thread that is stuck (equal to `pid` for the main thread).
+    #[serde(default)]
+    pub tid: Option<i32>,
+    /// Process state letter as `ps` shows it (R, S, D, T, t, Z, X, I).
+    pub state: String,
+    pub wchan: Option<String>,
+    /// The system call by name (`write`), or `null` when not in a system call.
+    pub syscall: Option<String>,
+    pub path: Option<String>,
+    pub mount: Option<String>,
+    pub fstype: Option<String>,
+    /// Whether SIGKILL can end it now; `false` for an uninterruptible (D) wait.
+    pub killable: Option<bool>,
+    pub python_stack: Option<Vec<String>>,
+    pub kernel_stack: Option<Vec<String>>,
+    /// Why this rank was named, in words.
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub comm: Option<String>,
+    /// A tracer (py-spy, strace, gdb) attached to the rank.
+    #[serde(default)]
+    pub tracer_pid: Option<i32>,
+    /// A SIGSTOP is pending: the rank will stop as soon as its system call returns.
+    #[serde(default)]
+    pub sigstop_pending: Option<bool>,
+    /// How long the stuck thread had not run when observed (no context switch), in milliseconds.
+    #[serde(default)]
+    pub not_running_for_ms: Option<u64>,
+}
+
+/// Ranks that are in the same place.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    /// The meaningful frame, e.g. `barrier (torch/distributed/distributed_c10d.py)`, or the kernel wait when there
+    /// is no Python stack.
+    #[serde(rename = "where")]
+    pub where_: String,
+    pub state: String,
+    pub ranks: Vec<u32>,
+    /// The processes of the group (also those without a known rank).
+    #[serde(default)]
+    pub pids: Vec<i32>,
+}
+
+/// Whether a filesystem a rank is blocked on answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FilesystemStatus {
+    pub mount: String,
+    pub fstype: Option<String>,
+    /// `null` when it was not probed.
+    pub responsive: Option<bool>,
+    /// What the probe saw, e.g. "write probe did not return within 1s".
+    #[serde(default)]
+    pub detail: Option<String>,
+}
+
+/// Something hangwatch did about the hang.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionRecord {
+    pub action: String,
+    pub ranks: Vec<u32>,
+    pub ok: bool,
+    #[serde(default)]
+    pub detail: Option<String>,
+}
+
+/// One line of the roll call: a rank process and where its most telling thread is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankReport {
+    pub rank: Option<u32>,
+    pub node: Option<String>,
+    pub pid: i32,
+    pub comm: Option<String>,
+    pub state: String,
+    #[serde(rename = "where")]
+    pub where_: String,
+    pub wchan: Option<String>,
+    pub syscall: Option<String>,
+    pub path: Option<String>,
+    pub mount: Option<String>,
+    pub fstype: Option<String>,
+    pub cpu_ms_during_sample: Option<u64>,
+    pub not_running_for_ms: Option<u64>,
+    pub tracer_pid: Option<i32>,
+    pub sigstop_pending: Option<bool>,
+    pub python_stack: Option<Vec<String>>,
+    /// Every thread, as observed.
+    #[serde(default)]
+    pub threads: Vec<crate::ThreadObservation>,
+}
