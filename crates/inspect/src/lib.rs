@@ -1,1 +1,6 @@
-//! TODO
+//! Inspects rank processes on this node without ever blocking on a watched filesystem or stopping a rank:
+//! /proc reads, Python stacks in a throwaway child, filesystem probes in sacrificial children.
+
+pub mod child;
+pub mod probe;
+pub mod pystack;
