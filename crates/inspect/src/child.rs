@@ -1,1 +1,219 @@
-//! TODO
+//! Throwaway child processes with a deadline: the way hangwatch runs any call that may block in the kernel.
+//!
+//! A thread of ours stuck in D state would keep hangwatch from exiting (exit waits for every thread), so reads of a
+//! rank's memory and probes of a watched filesystem run in a child process. The parent polls the child's pipes
+//! under a deadline and, when the deadline passes, sends SIGKILL and *abandons* the child: it never waits for it.
+//! A child in D state dies when its call returns; until then it is a harmless orphan.
+
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+/// What a child run under a deadline came to.
+#[derive(Debug)]
+pub enum ChildOutcome {
+    /// The child exited within the deadline.
+    Finished {
+        status: ExitStatus,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+        elapsed: Duration,
+    },
+    /// The deadline passed; the child was sent SIGKILL and left behind. What it printed so far is kept.
+    TimedOut {
+        child: AbandonedChild,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+    },
+}
+
+/// A child that did not finish in time. It may be stuck in D state; poll [`AbandonedChild::try_reap`] later
+/// instead of waiting for it.
+#[derive(Debug)]
+pub struct AbandonedChild {
+    child: Child,
+    /// When the child was started.
+    pub started: Instant,
+}
+
+impl AbandonedChild {
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Reaps the child if it has exited by now; `true` when it is gone.
+    pub fn try_reap(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)) | Err(_))
+    }
+}
+
+/// Errors starting or talking to a child.
+#[derive(Debug, thiserror::Error)]
+pub enum ChildError {
+    #[error("could not start {program}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("could not read the output of child {pid}")]
+    Io {
+        pid: u32,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs `command` with piped stdout/stderr (stdin closed) and gives up on it after `deadline`.
+///
+/// Never blocks longer than `deadline` (plus scheduling noise): the pipes are polled, never read blockingly, and
+/// the child is never waited for after the deadline.
+pub fn run_with_deadline(mut command: Command, deadline: Duration) -> Result<ChildOutcome, ChildError> {
+    let started = Instant::now();
+    let program = command.get_program().to_string_lossy().into_owned();
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = command.spawn().map_err(|source| ChildError::Spawn { program, source })?;
+    let pid = child.id();
+    let io_err = |source| ChildError::Io { pid, source };
+
+    let mut stdout_pipe = child.stdout.take();
+    let mut stderr_pipe = child.stderr.take();
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    let end = started + deadline;
+
+    loop {
+        let now = Instant::now();
+        if stdout_pipe.is_none() && stderr_pipe.is_none() {
+            match child.try_wait().map_err(io_err)? {
+                Some(status) => {
+                    return Ok(ChildOutcome::Finished {
+                        status,
+                        stdout,
+                        stderr,
+                        elapsed: started.elapsed(),
+                    })
+                }
+                None if now >= end => break,
+                None => std::thread::sleep(Duration::from_millis(1).min(end - now)),
+            }
+            continue;
+        }
+        if now >= end {
+            break;
+        }
+        let remaining = end - now;
+        let timeout = PollTimeout::try_from(remaining.as_millis().clamp(1, 60_000) as u32).unwrap_or(PollTimeout::MAX);
+        let (out_ready, err_ready) = {
+            let mut fds = Vec::with_capacity(2);
+            if let Some(p) = &stdout_pipe {
+                fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+            }
+            if let Some(p) = &stderr_pipe {
+                fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+            }
+            match poll(&mut fds, timeout) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(io_err(e.into())),
+            }
+            let ready = |fd: &PollFd| fd.revents().is_some_and(|r| !r.is_empty());
+            let mut it = fds.iter();
+            let out = stdout_pipe.as_ref().map(|_| it.next().is_some_and(ready)).unwrap_or(false);
+            let err = stderr_pipe.as_ref().map(|_| it.next().is_some_and(ready)).unwrap_or(false);
+            (out, err)
+        };
+        if out_ready {
+            drain_once(&mut stdout_pipe, &mut stdout).map_err(io_err)?;
+        }
+        if err_ready {
+            drain_once(&mut stderr_pipe, &mut stderr).map_err(io_err)?;
+        }
+    }
+
+    let _ = child.kill();
+    Ok(ChildOutcome::TimedOut {
+        child: AbandonedChild { child, started },
+        stdout,
+        stderr,
+    })
+}
+
+/// Reads what one ready pipe holds (a single `read`, which does not block after POLLIN); drops the pipe at EOF.
+fn drain_once<R: Read>(pipe: &mut Option<R>, into: &mut Vec<u8>) -> std::io::Result<()> {
+    let Some(reader) = pipe.as_mut() else {
+        return Ok(());
+    };
+    let mut buf = [0u8; 64 * 1024];
+    match reader.read(&mut buf) {
+        Ok(0) => *pipe = None,
+        Ok(n) => into.extend_from_slice(&buf[..n]),
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// The path of the running hangwatch binary, for re-executing it as a child (`__probe-child`, `__inspect-child`).
+pub fn self_exe() -> std::io::Result<std::path::PathBuf> {
+    std::env::current_exe()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finished_child_returns_output_and_status() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo out; echo err >&2; exit 3"]);
+        match run_with_deadline(cmd, Duration::from_secs(5)).unwrap() {
+            ChildOutcome::Finished { status, stdout, stderr, .. } => {
+                assert_eq!(status.code(), Some(3));
+                assert_eq!(stdout, b"out\n");
+                assert_eq!(stderr, b"err\n");
+            }
+            other => panic!("expected Finished, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn slow_child_is_abandoned_at_the_deadline() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo early; exec sleep 30"]);
+        let started = Instant::now();
+        let outcome = run_with_deadline(cmd, Duration::from_millis(300)).unwrap();
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_secs(3), "waited {waited:?}");
+        match outcome {
+            ChildOutcome::TimedOut { mut child, stdout, .. } => {
+                assert_eq!(stdout, b"early\n");
+                let until = Instant::now() + Duration::from_secs(5);
+                while !child.try_reap() {
+                    assert!(Instant::now() < until, "SIGKILLed sleep was not reaped");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            other => panic!("expected TimedOut, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn child_that_closes_pipes_but_lingers_still_times_out() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "exec >/dev/null 2>&1; sleep 30"]);
+        let outcome = run_with_deadline(cmd, Duration::from_millis(200)).unwrap();
+        assert!(matches!(outcome, ChildOutcome::TimedOut { .. }));
+    }
+
+    #[test]
+    fn missing_program_is_a_spawn_error_naming_it() {
+        let cmd = Command::new("/nonexistent/hangwatch-test-program");
+        let err = run_with_deadline(cmd, Duration::from_secs(1)).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/hangwatch-test-program"));
+    }
+}
