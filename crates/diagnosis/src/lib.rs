@@ -1,1 +1,10 @@
-//! TODO
+//! Pure decisions of hangwatch: observations in, decisions out, no clock and no I/O.
+//!
+//! - [`position`]: where each rank is (its most telling thread, the meaningful Python frame, its condition).
+//! - [`rollcall`]: grouping ranks by position, naming the outliers, and the verdict.
+
+pub mod position;
+pub mod rollcall;
+
+pub use position::{classify, Condition, Position};
+pub use rollcall::{mounts_to_probe, roll_call, RollCallInput};

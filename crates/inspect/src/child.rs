@@ -40,6 +40,11 @@ pub struct AbandonedChild {
 }
 
 impl AbandonedChild {
+    /// Wraps a child that was already sent SIGKILL and will not be waited for.
+    pub fn new(child: Child, started: Instant) -> Self {
+        Self { child, started }
+    }
+
     /// The child's pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -72,11 +77,19 @@ pub enum ChildError {
 ///
 /// Never blocks longer than `deadline` (plus scheduling noise): the pipes are polled, never read blockingly, and
 /// the child is never waited for after the deadline.
-pub fn run_with_deadline(mut command: Command, deadline: Duration) -> Result<ChildOutcome, ChildError> {
+pub fn run_with_deadline(
+    mut command: Command,
+    deadline: Duration,
+) -> Result<ChildOutcome, ChildError> {
     let started = Instant::now();
     let program = command.get_program().to_string_lossy().into_owned();
-    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = command.spawn().map_err(|source| ChildError::Spawn { program, source })?;
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .map_err(|source| ChildError::Spawn { program, source })?;
     let pid = child.id();
     let io_err = |source| ChildError::Io { pid, source };
 
@@ -107,7 +120,8 @@ pub fn run_with_deadline(mut command: Command, deadline: Duration) -> Result<Chi
             break;
         }
         let remaining = end - now;
-        let timeout = PollTimeout::try_from(remaining.as_millis().clamp(1, 60_000) as u32).unwrap_or(PollTimeout::MAX);
+        let timeout = PollTimeout::try_from(remaining.as_millis().clamp(1, 60_000) as u32)
+            .unwrap_or(PollTimeout::MAX);
         let (out_ready, err_ready) = {
             let mut fds = Vec::with_capacity(2);
             if let Some(p) = &stdout_pipe {
@@ -123,8 +137,14 @@ pub fn run_with_deadline(mut command: Command, deadline: Duration) -> Result<Chi
             }
             let ready = |fd: &PollFd| fd.revents().is_some_and(|r| !r.is_empty());
             let mut it = fds.iter();
-            let out = stdout_pipe.as_ref().map(|_| it.next().is_some_and(ready)).unwrap_or(false);
-            let err = stderr_pipe.as_ref().map(|_| it.next().is_some_and(ready)).unwrap_or(false);
+            let out = stdout_pipe
+                .as_ref()
+                .map(|_| it.next().is_some_and(ready))
+                .unwrap_or(false);
+            let err = stderr_pipe
+                .as_ref()
+                .map(|_| it.next().is_some_and(ready))
+                .unwrap_or(false);
             (out, err)
         };
         if out_ready {
@@ -172,7 +192,12 @@ mod tests {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", "echo out; echo err >&2; exit 3"]);
         match run_with_deadline(cmd, Duration::from_secs(5)).unwrap() {
-            ChildOutcome::Finished { status, stdout, stderr, .. } => {
+            ChildOutcome::Finished {
+                status,
+                stdout,
+                stderr,
+                ..
+            } => {
                 assert_eq!(status.code(), Some(3));
                 assert_eq!(stdout, b"out\n");
                 assert_eq!(stderr, b"err\n");
@@ -190,7 +215,9 @@ mod tests {
         let waited = started.elapsed();
         assert!(waited < Duration::from_secs(3), "waited {waited:?}");
         match outcome {
-            ChildOutcome::TimedOut { mut child, stdout, .. } => {
+            ChildOutcome::TimedOut {
+                mut child, stdout, ..
+            } => {
                 assert_eq!(stdout, b"early\n");
                 let until = Instant::now() + Duration::from_secs(5);
                 while !child.try_reap() {
@@ -214,6 +241,8 @@ mod tests {
     fn missing_program_is_a_spawn_error_naming_it() {
         let cmd = Command::new("/nonexistent/hangwatch-test-program");
         let err = run_with_deadline(cmd, Duration::from_secs(1)).unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/hangwatch-test-program"));
+        assert!(err
+            .to_string()
+            .contains("/nonexistent/hangwatch-test-program"));
     }
 }

@@ -1,0 +1,369 @@
+//! Where one rank process is: its most telling thread, the meaningful Python frame, and its condition.
+
+use hangwatch_model::{
+    FileRef, ProcessObservation, PythonFrame, PythonThread, SyscallObservation, ThreadObservation,
+};
+
+/// What a rank is doing, most alarming first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Condition {
+    /// Waiting inside a system call that does not come back (D, or an S wait on a filesystem).
+    BlockedInKernel,
+    /// Stopped by a signal or a tracer (T/t).
+    Stopped,
+    /// The process is gone.
+    Exited,
+    /// On a CPU, or used most of the sample window's CPU time.
+    Running,
+    /// Sleeping somewhere ordinary (a socket, a futex, a poll).
+    Waiting,
+}
+
+/// The place and condition of one rank process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Position {
+    pub condition: Condition,
+    /// The thread that best explains the process (the stuck one, else the main thread).
+    pub tid: Option<i32>,
+    /// State letter of that thread.
+    pub state: char,
+    /// Where it is, for grouping: the meaningful Python frame, else the kernel wait.
+    pub where_: String,
+    /// The Python stack of the telling thread, innermost first, as `function (file:line)`.
+    pub python_stack: Option<Vec<String>>,
+    /// What the telling thread's system call touches.
+    pub syscall_name: Option<String>,
+    pub file: Option<FileRef>,
+    /// The thread waits on a filesystem (D, or a known filesystem wait in S) rather than a socket or a lock.
+    pub filesystem_wait: bool,
+}
+
+/// Kernel wait channels that mean "waiting for a filesystem or the block layer to answer".
+const FILESYSTEM_WAITS: &[&str] = &[
+    "request_wait_answer",
+    "fuse_",
+    "rpc_wait_bit_killable",
+    "nfs_",
+    "nfs4_",
+    "percpu_rwsem_wait",
+    "__sb_start_write",
+    "sb_start_write",
+    "io_schedule",
+    "folio_wait",
+    "wait_on_page",
+    "__lock_page",
+    "jbd2_",
+    "ext4_",
+    "xfs_",
+    "ll_",
+    "ptlrpc_",
+    "cl_sync_io_wait",
+    "gpfs",
+    "mmfs",
+    "cxiWaitEvent",
+    "ceph_",
+    "rwsem_down_",
+    "blk_mq_",
+    "wait_on_bit",
+];
+
+/// Thread-state letters for a stopped thread.
+fn is_stopped(state: char) -> bool {
+    matches!(state, 'T' | 't')
+}
+
+/// A file path that lives on a filesystem (not a socket, pipe, anonymous inode or device).
+pub fn is_filesystem_file(file: &FileRef) -> bool {
+    const NOT_FILES: &[&str] = &[
+        "socket:",
+        "pipe:",
+        "anon_inode:",
+        "/dev/",
+        "/proc/",
+        "/sys/",
+    ];
+    const NOT_FILE_TYPES: &[&str] = &[
+        "sockfs",
+        "pipefs",
+        "anon_inodefs",
+        "devtmpfs",
+        "proc",
+        "sysfs",
+    ];
+    let special_path = NOT_FILES.iter().any(|prefix| file.path.starts_with(prefix));
+    let special_fs = file
+        .fstype
+        .as_deref()
+        .is_some_and(|t| NOT_FILE_TYPES.contains(&t));
+    !special_path && !special_fs
+}
+
+fn syscall_file(thread: &ThreadObservation) -> Option<&FileRef> {
+    match &thread.syscall {
+        Some(SyscallObservation::InSyscall {
+            file: Some(file), ..
+        }) => Some(file),
+        _ => None,
+    }
+}
+
+fn syscall_name(thread: &ThreadObservation) -> Option<String> {
+    match &thread.syscall {
+        Some(SyscallObservation::InSyscall { name, nr, .. }) => {
+            Some(name.clone().unwrap_or_else(|| format!("syscall {nr}")))
+        }
+        _ => None,
+    }
+}
+
+/// Whether the thread waits for a filesystem: D state that has not run, or an S wait whose wait channel or
+/// system call file says "filesystem".
+fn waits_on_filesystem(thread: &ThreadObservation) -> bool {
+    let fs_wchan = thread
+        .wchan
+        .as_deref()
+        .is_some_and(|w| FILESYSTEM_WAITS.iter().any(|f| w.contains(f)));
+    let fs_file = syscall_file(thread).is_some_and(is_filesystem_file);
+    let fs_stack = thread.kernel_stack.as_ref().is_some_and(|s| {
+        s.iter()
+            .any(|f| FILESYSTEM_WAITS.iter().any(|w| f.contains(w)))
+    });
+    match thread.state {
+        'D' => true,
+        'S' => fs_wchan || (fs_file && fs_stack),
+        _ => false,
+    }
+}
+
+/// The Python stack of the thread with this tid: by `os_tid` when the interpreter reports it, else the main thread
+/// (for the process's own tid) as py-spy lists it first.
+fn python_thread_for(threads: &[PythonThread], tid: i32, pid: i32) -> Option<&PythonThread> {
+    threads
+        .iter()
+        .find(|t| t.os_tid == Some(tid))
+        .or_else(|| (tid == pid).then(|| main_python_thread(threads)).flatten())
+}
+
+fn main_python_thread(threads: &[PythonThread]) -> Option<&PythonThread> {
+    threads
+        .iter()
+        .find(|t| t.name.as_deref() == Some("MainThread"))
+        .or_else(|| threads.last())
+}
+
+/// Is this frame from the Python standard library (not a package, not the user's code)?
+fn is_stdlib(frame: &PythonFrame) -> bool {
+    let f = frame.filename.as_str();
+    if f.starts_with("<frozen") {
+        return true;
+    }
+    if f.contains("site-packages/") || f.contains("dist-packages/") {
+        return false;
+    }
+    f.contains("/lib/python3") || f.contains("/lib/python2") || f.contains("/lib64/python3")
+}
+
+/// A short, stable name for a file: the part after site-packages, else the file name.
+pub fn short_filename(filename: &str) -> &str {
+    for marker in ["site-packages/", "dist-packages/"] {
+        if let Some(pos) = filename.rfind(marker) {
+            return &filename[pos + marker.len()..];
+        }
+    }
+    filename.rsplit('/').next().unwrap_or(filename)
+}
+
+/// The frame that says where a rank is: the innermost frame outside the standard library
+/// (`barrier (torch/distributed/distributed_c10d.py)`), else the innermost frame.
+pub fn meaningful_frame(frames: &[PythonFrame]) -> Option<String> {
+    let frame = frames
+        .iter()
+        .find(|f| !is_stdlib(f))
+        .or_else(|| frames.first())?;
+    Some(format!(
+        "{} ({})",
+        frame.function,
+        short_filename(&frame.filename)
+    ))
+}
+
+/// The kernel-side description of a wait, for processes without a Python stack.
+fn kernel_where(thread: &ThreadObservation) -> String {
+    match (&thread.syscall, thread.wchan.as_deref()) {
+        (Some(SyscallObservation::Running), _) => "running".to_string(),
+        (Some(SyscallObservation::InSyscall { .. }), wchan) => {
+            let name = syscall_name(thread).unwrap_or_default();
+            match wchan {
+                Some(w) => format!("{name}() in {w}"),
+                None => format!("{name}()"),
+            }
+        }
+        (Some(SyscallObservation::NotInSyscall), Some(w)) => {
+            format!("outside a system call, in {w}")
+        }
+        (_, Some(w)) => w.to_string(),
+        _ => format!("state {}", thread.state),
+    }
+}
+
+/// Picks the telling thread: a stuck one (filesystem wait, then stopped), else a running one when the process
+/// burns CPU, else the main thread.
+fn telling_thread(process: &ProcessObservation, busy: bool) -> Option<&ThreadObservation> {
+    let threads = &process.threads;
+    threads
+        .iter()
+        .find(|t| t.state == 'D')
+        .or_else(|| threads.iter().find(|t| waits_on_filesystem(t)))
+        .or_else(|| threads.iter().find(|t| is_stopped(t.state)))
+        .or_else(|| {
+            busy.then(|| {
+                threads
+                    .iter()
+                    .max_by_key(|t| t.cpu_ms_during_sample.unwrap_or(0))
+            })
+            .flatten()
+        })
+        .or_else(|| threads.iter().find(|t| t.tid == process.pid))
+        .or_else(|| threads.first())
+}
+
+/// Whether the process used CPU for most of the sample window (in any thread) or its main thread is on a CPU.
+fn is_busy(process: &ProcessObservation, window_ms: u64) -> bool {
+    let cpu: u64 = process
+        .threads
+        .iter()
+        .filter_map(|t| t.cpu_ms_during_sample)
+        .sum();
+    let main_running = process.threads.iter().any(|t| {
+        t.tid == process.pid
+            && t.state == 'R'
+            && !matches!(t.syscall, Some(SyscallObservation::InSyscall { .. }))
+    });
+    (window_ms > 0 && cpu * 2 >= window_ms) || main_running
+}
+
+/// Classifies one process. `window_ms` is the time between the two /proc samples.
+pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
+    if process.exited {
+        return Position {
+            condition: Condition::Exited,
+            tid: None,
+            state: 'X',
+            where_: match process.exit_code {
+                Some(code) => format!("exited (code {code})"),
+                None => "exited".to_string(),
+            },
+            python_stack: None,
+            syscall_name: None,
+            file: None,
+            filesystem_wait: false,
+        };
+    }
+    let busy = is_busy(process, window_ms);
+    let Some(thread) = telling_thread(process, busy) else {
+        return Position {
+            condition: Condition::Exited,
+            tid: None,
+            state: 'X',
+            where_: "no threads left".to_string(),
+            python_stack: None,
+            syscall_name: None,
+            file: None,
+            filesystem_wait: false,
+        };
+    };
+    let filesystem_wait = waits_on_filesystem(thread);
+    let condition = if filesystem_wait {
+        Condition::BlockedInKernel
+    } else if is_stopped(thread.state) {
+        Condition::Stopped
+    } else if busy {
+        Condition::Running
+    } else {
+        Condition::Waiting
+    };
+    let py_thread = process
+        .python
+        .as_deref()
+        .and_then(|threads| python_thread_for(threads, thread.tid, process.pid));
+    let python_stack = py_thread.map(|t| t.frames.iter().map(PythonFrame::display).collect());
+    let where_ = py_thread
+        .and_then(|t| meaningful_frame(&t.frames))
+        .unwrap_or_else(|| kernel_where(thread));
+    Position {
+        condition,
+        tid: Some(thread.tid),
+        state: thread.state,
+        where_,
+        python_stack,
+        syscall_name: syscall_name(thread),
+        file: syscall_file(thread).cloned(),
+        filesystem_wait,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(function: &str, filename: &str, line: i32) -> PythonFrame {
+        PythonFrame {
+            function: function.into(),
+            filename: filename.into(),
+            line,
+        }
+    }
+
+    #[test]
+    fn meaningful_frame_skips_the_standard_library() {
+        let frames = vec![
+            frame("recv_into", "/usr/lib/python3.11/socket.py", 705),
+            frame(
+                "barrier",
+                "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py",
+                3000,
+            ),
+            frame("main", "/home/u/train.py", 10),
+        ];
+        assert_eq!(
+            meaningful_frame(&frames).as_deref(),
+            Some("barrier (torch/distributed/distributed_c10d.py)")
+        );
+    }
+
+    #[test]
+    fn meaningful_frame_falls_back_to_innermost_when_all_stdlib() {
+        let frames = vec![
+            frame("wait", "/usr/lib/python3.11/threading.py", 320),
+            frame("<module>", "<frozen runpy>", 1),
+        ];
+        assert_eq!(
+            meaningful_frame(&frames).as_deref(),
+            Some("wait (threading.py)")
+        );
+        assert_eq!(meaningful_frame(&[]), None);
+    }
+
+    #[test]
+    fn user_script_frames_are_named_by_file_name() {
+        let frames = vec![frame("write_log", "/work/job/rank.py", 42)];
+        assert_eq!(
+            meaningful_frame(&frames).as_deref(),
+            Some("write_log (rank.py)")
+        );
+    }
+
+    #[test]
+    fn sockets_and_pipes_are_not_filesystem_files() {
+        let file = |p: &str| FileRef {
+            path: p.into(),
+            mount: None,
+            fstype: None,
+            source: None,
+        };
+        assert!(!is_filesystem_file(&file("socket:[123]")));
+        assert!(!is_filesystem_file(&file("pipe:[9]")));
+        assert!(!is_filesystem_file(&file("anon_inode:[eventpoll]")));
+        assert!(is_filesystem_file(&file("/shared/log.txt")));
+    }
+}

@@ -1,0 +1,529 @@
+//! The roll call: group ranks by position, name the outliers, and write the verdict.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use hangwatch_model::{
+    Culprit, FilesystemStatus, Group, ProbeResult, ProcessObservation, RankReport, Verdict,
+    VerdictKind, VERDICT_VERSION,
+};
+
+use crate::position::{classify, is_filesystem_file, Condition, Position};
+
+/// Everything the roll call decides from.
+#[derive(Debug, Clone, Default)]
+pub struct RollCallInput {
+    pub processes: Vec<ProcessObservation>,
+    /// Probes of the mounts that [`mounts_to_probe`] named.
+    pub probes: Vec<ProbeResult>,
+    /// Milliseconds between the two /proc samples.
+    pub window_ms: u64,
+    /// The node these processes run on.
+    pub node: Option<String>,
+    /// How long progress has stopped, when a detector knows.
+    pub stalled_for_s: Option<f64>,
+    /// Wall-clock time of the observation (seconds since the epoch).
+    pub now_unix_s: Option<f64>,
+}
+
+/// Mount points worth probing: those that a rank's stuck thread is using.
+pub fn mounts_to_probe(processes: &[ProcessObservation], window_ms: u64) -> Vec<String> {
+    let mut mounts = BTreeSet::new();
+    for process in processes {
+        let position = classify(process, window_ms);
+        if let Some(mount) = position
+            .file
+            .as_ref()
+            .filter(|f| is_filesystem_file(f))
+            .and_then(|f| f.mount.clone())
+        {
+            if position.filesystem_wait || position.state == 'D' {
+                mounts.insert(mount);
+            }
+        }
+    }
+    mounts.into_iter().collect()
+}
+
+struct Entry<'a> {
+    process: &'a ProcessObservation,
+    position: Position,
+}
+
+impl Entry<'_> {
+    fn label(&self) -> String {
+        match self.process.rank {
+            Some(rank) => format!("rank {rank}"),
+            None => format!("pid {}", self.process.pid),
+        }
+    }
+}
+
+/// Decides the verdict from one roll call.
+pub fn roll_call(input: &RollCallInput) -> Verdict {
+    let mut entries: Vec<Entry> = input
+        .processes
+        .iter()
+        .map(|process| Entry {
+            process,
+            position: classify(process, input.window_ms),
+        })
+        .collect();
+    entries.sort_by_key(|e| (e.process.rank.unwrap_or(u32::MAX), e.process.pid));
+
+    let probe_for = |mount: &str| {
+        input
+            .probes
+            .iter()
+            .find(|p| p.mount.as_deref() == Some(mount))
+    };
+
+    // Filesystem waits on a mount that a probe found responsive are ordinary I/O, not a hang.
+    for entry in &mut entries {
+        if entry.position.condition == Condition::BlockedInKernel && entry.position.state != 'D' {
+            let responsive = entry
+                .position
+                .file
+                .as_ref()
+                .and_then(|f| f.mount.as_deref())
+                .and_then(probe_for)
+                .and_then(|p| p.responsive);
+            if responsive == Some(true) {
+                entry.position.condition = Condition::Waiting;
+            }
+        }
+    }
+
+    let groups = group_entries(&entries);
+    let majority = groups
+        .iter()
+        .max_by_key(|(_, members)| members.len())
+        .map(|(key, members)| (key.clone(), members.len()));
+    let majority_unique = majority
+        .as_ref()
+        .is_some_and(|(_, n)| groups.values().filter(|m| m.len() == *n).count() == 1);
+    let majority_waits = majority.as_ref().is_some_and(|(key, _)| {
+        groups[key].iter().all(|&i| {
+            matches!(
+                entries[i].position.condition,
+                Condition::Waiting | Condition::BlockedInKernel
+            )
+        })
+    });
+
+    let mut culprit_idx: Vec<usize> = (0..entries.len())
+        .filter(|&i| {
+            matches!(
+                entries[i].position.condition,
+                Condition::BlockedInKernel | Condition::Stopped | Condition::Exited
+            )
+        })
+        .collect();
+    let mut kind = culprit_idx
+        .iter()
+        .map(|&i| entries[i].position.condition)
+        .min()
+        .map(|c| match c {
+            Condition::BlockedInKernel => VerdictKind::BlockedInKernel,
+            Condition::Stopped => VerdictKind::Stopped,
+            _ => VerdictKind::Exited,
+        });
+    if let Some(k) = kind {
+        let keep = match k {
+            VerdictKind::BlockedInKernel => Condition::BlockedInKernel,
+            VerdictKind::Stopped => Condition::Stopped,
+            _ => Condition::Exited,
+        };
+        culprit_idx.retain(|&i| entries[i].position.condition == keep);
+    }
+
+    if kind.is_none() && entries.len() > 1 {
+        let running: Vec<usize> = (0..entries.len())
+            .filter(|&i| entries[i].position.condition == Condition::Running)
+            .collect();
+        let waiting = entries.len() - running.len();
+        if !running.is_empty() && running.len() < waiting {
+            kind = Some(VerdictKind::Busy);
+            culprit_idx = running;
+        } else if let (Some((key, _)), true, true) = (&majority, majority_unique, majority_waits) {
+            let outliers: Vec<usize> = (0..entries.len())
+                .filter(|i| !groups[key].contains(i))
+                .collect();
+            if outliers.is_empty() {
+                kind = Some(VerdictKind::CollectiveHang);
+            } else {
+                kind = Some(VerdictKind::Diverged);
+                culprit_idx = outliers;
+            }
+        }
+    }
+    let kind = kind.unwrap_or(VerdictKind::Unknown);
+
+    let mut filesystems: Vec<FilesystemStatus> = Vec::new();
+    for probe in &input.probes {
+        let Some(mount) = probe.mount.clone() else {
+            continue;
+        };
+        if filesystems.iter().any(|f| f.mount == mount) {
+            continue;
+        }
+        filesystems.push(FilesystemStatus {
+            mount,
+            fstype: probe.fstype.clone(),
+            responsive: probe.responsive,
+            detail: Some(probe.detail.clone()),
+        });
+    }
+
+    let culprits: Vec<Culprit> = culprit_idx
+        .iter()
+        .map(|&i| culprit(&entries[i], input, kind))
+        .collect();
+    let group_list: Vec<Group> = groups
+        .iter()
+        .map(|((where_, state), members)| Group {
+            where_: where_.clone(),
+            state: state.to_string(),
+            ranks: members
+                .iter()
+                .filter_map(|&i| entries[i].process.rank)
+                .collect(),
+            pids: members.iter().map(|&i| entries[i].process.pid).collect(),
+        })
+        .collect();
+    let mut group_list = group_list;
+    group_list.sort_by(|a, b| {
+        b.pids
+            .len()
+            .cmp(&a.pids.len())
+            .then_with(|| a.where_.cmp(&b.where_))
+    });
+
+    let summary = summarize(
+        kind,
+        &entries,
+        &culprit_idx,
+        &group_list,
+        &filesystems,
+        input,
+    );
+    let recommendations = recommend(kind, &entries, &culprit_idx, &filesystems, input);
+    let mut warnings = Vec::new();
+    for entry in &entries {
+        for issue in &entry.process.read_issues {
+            warnings.push(format!(
+                "{} (pid {}): {issue}",
+                entry.label(),
+                entry.process.pid
+            ));
+        }
+    }
+
+    Verdict {
+        version: VERDICT_VERSION,
+        kind,
+        summary,
+        stalled_for_s: input.stalled_for_s,
+        culprits,
+        groups: group_list,
+        filesystems,
+        actions: Vec::new(),
+        observed_at_unix_s: input.now_unix_s,
+        node: input.node.clone(),
+        recommendations,
+        warnings,
+        ranks: entries.iter().map(|e| rank_report(e, input)).collect(),
+    }
+}
+
+/// Groups entries by (where, state). Keys sort deterministically.
+fn group_entries(entries: &[Entry]) -> BTreeMap<(String, char), Vec<usize>> {
+    let mut groups: BTreeMap<(String, char), Vec<usize>> = BTreeMap::new();
+    for (i, entry) in entries.iter().enumerate() {
+        groups
+            .entry((entry.position.where_.clone(), entry.position.state))
+            .or_default()
+            .push(i);
+    }
+    groups
+}
+
+fn node_of(entry: &Entry, input: &RollCallInput) -> Option<String> {
+    entry.process.node.clone().or_else(|| input.node.clone())
+}
+
+fn thread_of<'a>(entry: &'a Entry) -> Option<&'a hangwatch_model::ThreadObservation> {
+    entry
+        .position
+        .tid
+        .and_then(|tid| entry.process.threads.iter().find(|t| t.tid == tid))
+}
+
+fn killable(entry: &Entry) -> Option<bool> {
+    if entry.position.condition == Condition::Exited {
+        return None;
+    }
+    let wchan = thread_of(entry)
+        .and_then(|t| t.wchan.as_deref())
+        .unwrap_or("");
+    Some(entry.position.state != 'D' || wchan.contains("killable"))
+}
+
+fn culprit(entry: &Entry, input: &RollCallInput, kind: VerdictKind) -> Culprit {
+    let thread = thread_of(entry);
+    let file = entry.position.file.as_ref();
+    Culprit {
+        rank: entry.process.rank,
+        node: node_of(entry, input),
+        pid: entry.process.pid,
+        tid: entry.position.tid,
+        state: entry.position.state.to_string(),
+        wchan: thread.and_then(|t| t.wchan.clone()),
+        syscall: entry.position.syscall_name.clone(),
+        path: file.map(|f| f.path.clone()),
+        mount: file.and_then(|f| f.mount.clone()),
+        fstype: file.and_then(|f| f.fstype.clone()),
+        killable: killable(entry),
+        python_stack: entry.position.python_stack.clone(),
+        kernel_stack: thread.and_then(|t| t.kernel_stack.clone()),
+        reason: Some(reason(entry, kind)),
+        comm: entry.process.comm.clone(),
+        tracer_pid: entry.process.tracer_pid.filter(|p| *p != 0),
+        sigstop_pending: Some(entry.process.sigstop_pending),
+        not_running_for_ms: thread.and_then(|t| t.not_running_for_ms),
+    }
+}
+
+fn state_words(state: char) -> &'static str {
+    match state {
+        'D' => "uninterruptible sleep (D)",
+        'S' => "sleep (S)",
+        'R' => "running (R)",
+        'T' => "stopped (T)",
+        't' => "stopped by a tracer (t)",
+        'Z' => "zombie (Z)",
+        _ => "an unusual state",
+    }
+}
+
+fn reason(entry: &Entry, kind: VerdictKind) -> String {
+    let p = &entry.position;
+    match p.condition {
+        Condition::BlockedInKernel => {
+            let call = p
+                .syscall_name
+                .as_deref()
+                .map(|s| format!(" in {s}()"))
+                .unwrap_or_default();
+            let on = p
+                .file
+                .as_ref()
+                .map(|f| format!(" on {}", f.path))
+                .unwrap_or_default();
+            format!(
+                "in {}{call}{on}, waiting for the filesystem",
+                state_words(p.state)
+            )
+        }
+        Condition::Stopped => format!(
+            "{}: it will not run until it gets SIGCONT",
+            state_words(p.state)
+        ),
+        Condition::Exited => format!("{} while its peers wait", p.where_),
+        Condition::Running if kind == VerdictKind::Busy => {
+            format!("computing in {} while its peers wait", p.where_)
+        }
+        _ => format!(
+            "in {} ({}), unlike its peers",
+            p.where_,
+            state_words(p.state)
+        ),
+    }
+}
+
+fn fs_words(mount: &str, filesystems: &[FilesystemStatus]) -> String {
+    match filesystems.iter().find(|f| f.mount == mount) {
+        Some(fs) => {
+            let fstype = fs.fstype.as_deref().unwrap_or("unknown type");
+            match fs.responsive {
+                Some(false) => format!("{mount} ({fstype}) does not respond"),
+                Some(true) => format!("{mount} ({fstype}) responds"),
+                None => format!("{mount} ({fstype}) could not be probed"),
+            }
+        }
+        None => format!("{mount} was not probed"),
+    }
+}
+
+fn who(entry: &Entry, input: &RollCallInput) -> String {
+    let mut parts = Vec::new();
+    if let Some(node) = node_of(entry, input) {
+        parts.push(format!("node {node}"));
+    }
+    parts.push(format!("pid {}", entry.process.pid));
+    format!("{} ({})", entry.label(), parts.join(", "))
+}
+
+fn summarize(
+    kind: VerdictKind,
+    entries: &[Entry],
+    culprits: &[usize],
+    groups: &[Group],
+    filesystems: &[FilesystemStatus],
+    input: &RollCallInput,
+) -> String {
+    if entries.is_empty() {
+        return "no rank processes found".to_string();
+    }
+    let rest = {
+        let culprit_pids: Vec<i32> = culprits.iter().map(|&i| entries[i].process.pid).collect();
+        let waiting: Vec<&Group> = groups
+            .iter()
+            .filter(|g| g.pids.iter().all(|p| !culprit_pids.contains(p)))
+            .collect();
+        waiting
+            .iter()
+            .take(3)
+            .map(|g| {
+                let n = g.pids.len();
+                let noun = if n == 1 { "rank waits" } else { "ranks wait" };
+                format!("{n} {noun} in {}", g.where_)
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let with_rest = |head: String| {
+        if rest.is_empty() {
+            head
+        } else {
+            format!("{head}; {rest}")
+        }
+    };
+    let first = culprits.first().map(|&i| &entries[i]);
+    let more = if culprits.len() > 1 {
+        format!(" (and {} more like it)", culprits.len() - 1)
+    } else {
+        String::new()
+    };
+    match (kind, first) {
+        (VerdictKind::BlockedInKernel, Some(e)) => {
+            let p = &e.position;
+            let call = p.syscall_name.as_deref().map(|s| format!(" in {s}()")).unwrap_or_default();
+            let (on, fs) = match &p.file {
+                Some(f) => (
+                    format!(" on {}", f.path),
+                    f.mount.as_deref().map(|m| format!("; {}", fs_words(m, filesystems))).unwrap_or_default(),
+                ),
+                None => (String::new(), String::new()),
+            };
+            with_rest(format!("{} is in {}{call}{on}{fs}{more}", who(e, input), state_words(p.state)))
+        }
+        (VerdictKind::Stopped, Some(e)) => with_rest(format!("{} is {}{more}", who(e, input), state_words(e.position.state))),
+        (VerdictKind::Exited, Some(e)) => with_rest(format!("{} {}{more}", who(e, input), e.position.where_)),
+        (VerdictKind::Busy, Some(e)) => with_rest(format!("{} is computing in {}{more}", who(e, input), e.position.where_)),
+        (VerdictKind::Diverged, Some(e)) => with_rest(format!(
+            "{} is the odd one out: {} in {}{more}",
+            who(e, input),
+            state_words(e.position.state),
+            e.position.where_
+        )),
+        (VerdictKind::CollectiveHang, _) => format!(
+            "all {} ranks wait in {}: no rank stands out (a collective that never completes, or a peer on another node)",
+            entries.len(),
+            groups.first().map(|g| g.where_.as_str()).unwrap_or("the same place")
+        ),
+        _ => {
+            let list = groups
+                .iter()
+                .take(3)
+                .map(|g| format!("{} in {} ({})", g.pids.len(), g.where_, g.state))
+                .collect::<Vec<_>>()
+                .join("; ");
+            format!("no rank stands out: {list}")
+        }
+    }
+}
+
+fn recommend(
+    kind: VerdictKind,
+    entries: &[Entry],
+    culprits: &[usize],
+    filesystems: &[FilesystemStatus],
+    input: &RollCallInput,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let node = input.node.as_deref().unwrap_or("this node");
+    for fs in filesystems.iter().filter(|f| f.responsive == Some(false)) {
+        out.push(format!(
+            "the filesystem at {} ({}) on {node} does not respond: check the storage; ranks blocked on it cannot \
+             finish until it answers",
+            fs.mount,
+            fs.fstype.as_deref().unwrap_or("unknown type")
+        ));
+    }
+    for &i in culprits {
+        let e = &entries[i];
+        if kind == VerdictKind::BlockedInKernel && killable(e) == Some(false) {
+            out.push(format!(
+                "{} cannot be killed while in D state: end its peers, restart the job on other nodes, and drain or \
+                 reboot {} if it stays in D",
+                e.label(),
+                node_of(e, input).unwrap_or_else(|| node.to_string())
+            ));
+        }
+        if kind == VerdictKind::Stopped {
+            out.push(format!(
+                "{} is stopped: `kill -CONT {}` resumes it, if nobody stopped it on purpose",
+                e.label(),
+                e.process.pid
+            ));
+        }
+    }
+    for e in entries {
+        if let Some(tracer) = e.process.tracer_pid.filter(|p| *p != 0) {
+            out.push(format!(
+                "{} is traced by pid {tracer} (py-spy, strace or gdb): other tools will fail with EPERM until it \
+                 detaches",
+                e.label()
+            ));
+        }
+        if e.process.sigstop_pending {
+            out.push(format!(
+                "{} has a SIGSTOP pending (a killed debugger left it): it will stop when its call returns; send \
+                 SIGCONT after the filesystem recovers",
+                e.label()
+            ));
+        }
+    }
+    out
+}
+
+fn rank_report(entry: &Entry, input: &RollCallInput) -> RankReport {
+    let thread = thread_of(entry);
+    let file = entry.position.file.as_ref();
+    RankReport {
+        rank: entry.process.rank,
+        node: node_of(entry, input),
+        pid: entry.process.pid,
+        comm: entry.process.comm.clone(),
+        state: entry.position.state.to_string(),
+        where_: entry.position.where_.clone(),
+        wchan: thread.and_then(|t| t.wchan.clone()),
+        syscall: entry.position.syscall_name.clone(),
+        path: file.map(|f| f.path.clone()),
+        mount: file.and_then(|f| f.mount.clone()),
+        fstype: file.and_then(|f| f.fstype.clone()),
+        cpu_ms_during_sample: Some(
+            entry
+                .process
+                .threads
+                .iter()
+                .filter_map(|t| t.cpu_ms_during_sample)
+                .sum(),
+        ),
+        not_running_for_ms: thread.and_then(|t| t.not_running_for_ms),
+        tracer_pid: entry.process.tracer_pid.filter(|p| *p != 0),
+        sigstop_pending: Some(entry.process.sigstop_pending),
+        python_stack: entry.position.python_stack.clone(),
+        threads: entry.process.threads.clone(),
+    }
+}

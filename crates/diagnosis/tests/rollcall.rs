@@ -1,0 +1,393 @@
+//! Roll-call decisions on synthetic observations: each verdict kind, and invariants.
+
+use hangwatch_diagnosis::{mounts_to_probe, roll_call, RollCallInput};
+use hangwatch_model::{
+    FileRef, ProbeResult, ProcessObservation, PythonFrame, PythonThread, SyscallObservation,
+    ThreadObservation, VerdictKind,
+};
+use proptest::prelude::*;
+
+const WINDOW_MS: u64 = 300;
+
+fn py(frames: &[(&str, &str)]) -> Option<Vec<PythonThread>> {
+    Some(vec![PythonThread {
+        os_tid: None,
+        thread_id: 1,
+        name: Some("MainThread".into()),
+        frames: frames
+            .iter()
+            .map(|(function, filename)| PythonFrame {
+                function: (*function).into(),
+                filename: (*filename).into(),
+                line: 10,
+            })
+            .collect(),
+    }])
+}
+
+fn barrier_stack() -> Option<Vec<PythonThread>> {
+    py(&[
+        ("recv_into", "/usr/lib/python3.11/socket.py"),
+        ("barrier", "/work/tests/python/rank.py"),
+        ("main", "/work/tests/python/rank.py"),
+    ])
+}
+
+fn thread(
+    tid: i32,
+    state: char,
+    wchan: &str,
+    syscall: Option<SyscallObservation>,
+) -> ThreadObservation {
+    ThreadObservation {
+        tid,
+        name: Some("python3".into()),
+        state,
+        wchan: Some(wchan.into()),
+        syscall,
+        kernel_stack: None,
+        voluntary_ctxt_switches: Some(10),
+        nonvoluntary_ctxt_switches: Some(1),
+        not_running_for_ms: Some(WINDOW_MS),
+        cpu_ms_during_sample: Some(0),
+        cpu_ms_total: Some(1000),
+        sigkill_pending: false,
+    }
+}
+
+fn in_call(
+    name: &str,
+    nr: i64,
+    path: &str,
+    mount: &str,
+    fstype: &str,
+) -> Option<SyscallObservation> {
+    Some(SyscallObservation::InSyscall {
+        nr,
+        name: Some(name.into()),
+        args: vec![3, 0, 100],
+        fd: Some(3),
+        file: Some(FileRef {
+            path: path.into(),
+            mount: Some(mount.into()),
+            fstype: Some(fstype.into()),
+            source: None,
+        }),
+    })
+}
+
+fn waiting_rank(rank: u32) -> ProcessObservation {
+    let pid = 1000 + rank as i32;
+    ProcessObservation {
+        pid,
+        rank: Some(rank),
+        comm: Some("python3".into()),
+        threads: vec![thread(
+            pid,
+            'S',
+            "sk_wait_data",
+            in_call("recvfrom", 45, "socket:[77]", "", "sockfs"),
+        )],
+        python: barrier_stack(),
+        ..Default::default()
+    }
+}
+
+fn ranks(n: u32) -> Vec<ProcessObservation> {
+    (0..n).map(waiting_rank).collect()
+}
+
+fn probe(mount: &str, fstype: &str, responsive: bool) -> ProbeResult {
+    ProbeResult {
+        path: mount.into(),
+        mount: Some(mount.into()),
+        fstype: Some(fstype.into()),
+        source: None,
+        responsive: Some(responsive),
+        elapsed_ms: 2000,
+        detail: if responsive {
+            "ok".into()
+        } else {
+            "write did not return within 2s".into()
+        },
+        steps: vec![],
+    }
+}
+
+fn input(processes: Vec<ProcessObservation>, probes: Vec<ProbeResult>) -> RollCallInput {
+    RollCallInput {
+        processes,
+        probes,
+        window_ms: WINDOW_MS,
+        node: Some("n1".into()),
+        stalled_for_s: None,
+        now_unix_s: None,
+    }
+}
+
+/// The seed incident: rank 0 in D in write() on a frozen ext4, 15 peers in a barrier.
+#[test]
+fn incident_names_rank_0_in_write_on_the_frozen_mount() {
+    let mut procs = ranks(16);
+    procs[0].threads[0] = thread(
+        1000,
+        'D',
+        "percpu_rwsem_wait",
+        in_call("write", 1, "/shared/log.txt", "/shared", "ext4"),
+    );
+    procs[0].python = py(&[
+        ("log_step", "/work/tests/python/rank.py"),
+        ("main", "/work/tests/python/rank.py"),
+    ]);
+    assert_eq!(
+        mounts_to_probe(&procs, WINDOW_MS),
+        vec!["/shared".to_string()]
+    );
+
+    let v = roll_call(&input(procs, vec![probe("/shared", "ext4", false)]));
+    assert_eq!(v.kind, VerdictKind::BlockedInKernel);
+    assert_eq!(v.culprits.len(), 1);
+    let c = &v.culprits[0];
+    assert_eq!((c.rank, c.pid, c.state.as_str()), (Some(0), 1000, "D"));
+    assert_eq!(c.syscall.as_deref(), Some("write"));
+    assert_eq!(c.path.as_deref(), Some("/shared/log.txt"));
+    assert_eq!(c.mount.as_deref(), Some("/shared"));
+    assert_eq!(c.fstype.as_deref(), Some("ext4"));
+    assert_eq!(c.killable, Some(false));
+    assert_eq!(v.groups[0].where_, "barrier (rank.py)");
+    assert_eq!(v.groups[0].ranks, (1..16).collect::<Vec<u32>>());
+    assert_eq!(v.filesystems[0].responsive, Some(false));
+    assert!(
+        v.summary.starts_with("rank 0 (node n1, pid 1000) is in uninterruptible sleep (D) in write() on /shared/log.txt; /shared (ext4) does not respond"),
+        "{}",
+        v.summary
+    );
+    assert!(
+        v.summary.contains("15 ranks wait in barrier (rank.py)"),
+        "{}",
+        v.summary
+    );
+    assert!(
+        v.recommendations
+            .iter()
+            .any(|r| r.contains("drain or reboot n1")),
+        "{:?}",
+        v.recommendations
+    );
+}
+
+/// FUSE: the writer sleeps in S in request_wait_answer; with the probe failing it is blocked in the kernel.
+#[test]
+fn fuse_wait_in_s_state_is_blocked_in_kernel_when_the_mount_does_not_respond() {
+    let mut procs = ranks(4);
+    procs[2].threads[0] = thread(
+        1002,
+        'S',
+        "request_wait_answer",
+        in_call("write", 1, "/mnt/fuse/log.txt", "/mnt/fuse", "fuse.bindfs"),
+    );
+    procs[2].python = py(&[("log_step", "/work/rank.py")]);
+    assert_eq!(
+        mounts_to_probe(&procs, WINDOW_MS),
+        vec!["/mnt/fuse".to_string()]
+    );
+    let v = roll_call(&input(
+        procs.clone(),
+        vec![probe("/mnt/fuse", "fuse.bindfs", false)],
+    ));
+    assert_eq!(v.kind, VerdictKind::BlockedInKernel);
+    assert_eq!(v.culprits[0].rank, Some(2));
+    assert_eq!(v.culprits[0].state, "S");
+    assert_eq!(v.culprits[0].killable, Some(true));
+    assert!(
+        v.summary
+            .contains("/mnt/fuse (fuse.bindfs) does not respond"),
+        "{}",
+        v.summary
+    );
+
+    // The same wait on a mount that answers is ordinary I/O: the rank is merely elsewhere.
+    let v = roll_call(&input(procs, vec![probe("/mnt/fuse", "fuse.bindfs", true)]));
+    assert_eq!(v.kind, VerdictKind::Diverged);
+    assert_eq!(v.culprits[0].rank, Some(2));
+}
+
+#[test]
+fn stopped_rank_is_named() {
+    let mut procs = ranks(8);
+    procs[5].threads[0].state = 'T';
+    procs[5].threads[0].wchan = Some("do_signal_stop".into());
+    let v = roll_call(&input(procs, vec![]));
+    assert_eq!(v.kind, VerdictKind::Stopped);
+    assert_eq!(v.culprits.len(), 1);
+    assert_eq!(v.culprits[0].rank, Some(5));
+    assert!(v
+        .recommendations
+        .iter()
+        .any(|r| r.contains("kill -CONT 1005")));
+}
+
+#[test]
+fn exited_rank_is_named_with_its_exit_code() {
+    let mut procs = ranks(4);
+    procs[3].exited = true;
+    procs[3].exit_code = Some(3);
+    procs[3].threads.clear();
+    let v = roll_call(&input(procs, vec![]));
+    assert_eq!(v.kind, VerdictKind::Exited);
+    assert_eq!(v.culprits[0].rank, Some(3));
+    assert_eq!(v.culprits[0].killable, None);
+    assert!(v.summary.contains("exited (code 3)"), "{}", v.summary);
+}
+
+#[test]
+fn spinning_rank_is_busy() {
+    let mut procs = ranks(4);
+    procs[1].threads[0] = ThreadObservation {
+        state: 'R',
+        syscall: Some(SyscallObservation::Running),
+        not_running_for_ms: None,
+        cpu_ms_during_sample: Some(290),
+        ..procs[1].threads[0].clone()
+    };
+    procs[1].python = py(&[("spin", "/work/rank.py")]);
+    let v = roll_call(&input(procs, vec![]));
+    assert_eq!(v.kind, VerdictKind::Busy);
+    assert_eq!(v.culprits[0].rank, Some(1));
+    assert!(
+        v.summary.contains("computing in spin (rank.py)"),
+        "{}",
+        v.summary
+    );
+}
+
+#[test]
+fn rank_waiting_elsewhere_diverged() {
+    let mut procs = ranks(8);
+    procs[6].threads[0] = thread(1006, 'S', "futex_wait_queue", None);
+    procs[6].python = py(&[
+        ("acquire", "/usr/lib/python3.11/threading.py"),
+        ("deadlock", "/work/rank.py"),
+    ]);
+    let v = roll_call(&input(procs, vec![]));
+    assert_eq!(v.kind, VerdictKind::Diverged);
+    assert_eq!(v.culprits.len(), 1);
+    assert_eq!(v.culprits[0].rank, Some(6));
+    assert!(v.summary.contains("odd one out"), "{}", v.summary);
+    assert!(v.summary.contains("deadlock (rank.py)"), "{}", v.summary);
+}
+
+#[test]
+fn everyone_in_the_same_wait_is_a_collective_hang() {
+    let v = roll_call(&input(ranks(8), vec![]));
+    assert_eq!(v.kind, VerdictKind::CollectiveHang);
+    assert!(v.culprits.is_empty());
+    assert_eq!(v.groups.len(), 1);
+}
+
+#[test]
+fn even_split_names_nobody() {
+    let mut procs = ranks(4);
+    for p in &mut procs[2..] {
+        p.python = py(&[("other", "/work/rank.py")]);
+    }
+    let v = roll_call(&input(procs, vec![]));
+    assert_eq!(v.kind, VerdictKind::Unknown);
+    assert!(v.culprits.is_empty());
+    assert!(v.summary.starts_with("no rank stands out"), "{}", v.summary);
+}
+
+#[test]
+fn empty_roll_call_says_so() {
+    let v = roll_call(&input(vec![], vec![]));
+    assert_eq!(v.kind, VerdictKind::Unknown);
+    assert_eq!(v.summary, "no rank processes found");
+}
+
+#[test]
+fn verdict_json_has_the_spec_fields_with_nulls_not_inventions() {
+    let mut procs = ranks(2);
+    procs[1].exited = true;
+    let v = roll_call(&input(procs, vec![]));
+    let json = serde_json::to_value(&v).unwrap();
+    for key in [
+        "version",
+        "kind",
+        "summary",
+        "stalled_for_s",
+        "culprits",
+        "groups",
+        "filesystems",
+        "actions",
+    ] {
+        assert!(json.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(json["version"], 1);
+    assert_eq!(json["kind"], "exited");
+    let culprit = &json["culprits"][0];
+    for key in [
+        "rank",
+        "node",
+        "pid",
+        "state",
+        "wchan",
+        "syscall",
+        "path",
+        "mount",
+        "fstype",
+        "killable",
+        "python_stack",
+        "kernel_stack",
+    ] {
+        assert!(culprit.get(key).is_some(), "culprit lacks {key}");
+    }
+    assert!(culprit["syscall"].is_null());
+    assert!(culprit["path"].is_null());
+    assert!(json["stalled_for_s"].is_null());
+}
+
+fn arb_rank(rank: u32) -> impl Strategy<Value = ProcessObservation> {
+    (0u8..6, any::<bool>()).prop_map(move |(what, progressed)| {
+        let mut p = waiting_rank(rank);
+        let t = &mut p.threads[0];
+        match what {
+            0 => {
+                t.state = 'D';
+                t.syscall = in_call("write", 1, "/shared/x", "/shared", "ext4");
+            }
+            1 => t.state = 'T',
+            2 => {
+                t.state = 'R';
+                t.cpu_ms_during_sample = Some(WINDOW_MS);
+                t.syscall = Some(SyscallObservation::Running);
+            }
+            3 => p.python = py(&[("elsewhere", "/work/rank.py")]),
+            _ => {}
+        }
+        if progressed && what >= 3 {
+            t.not_running_for_ms = None;
+            t.cpu_ms_during_sample = Some(5);
+        }
+        p
+    })
+}
+
+proptest! {
+    /// A rank in the majority's place that is neither stuck, stopped, gone nor spinning is never blamed.
+    #[test]
+    fn never_blames_a_rank_that_is_where_its_peers_are(procs in (2u32..24).prop_flat_map(|n| (0..n).map(arb_rank).collect::<Vec<_>>())) {
+        let v = roll_call(&input(procs.clone(), vec![]));
+        let majority = v.groups.first().cloned();
+        for c in &v.culprits {
+            let p = procs.iter().find(|p| p.pid == c.pid).unwrap();
+            let t = &p.threads[0];
+            let special = p.exited || matches!(t.state, 'D' | 'T' | 'R');
+            if let Some(g) = &majority {
+                if g.pids.contains(&c.pid) && v.groups.iter().filter(|o| o.pids.len() == g.pids.len()).count() == 1 {
+                    prop_assert!(special, "blamed {} which is in the majority group: {}", c.pid, v.summary);
+                }
+            }
+        }
+        prop_assert!(!v.summary.is_empty());
+    }
+}
