@@ -1,10 +1,20 @@
-//! `hangwatch __inspect-child`: reads Python stacks in a process that the parent can abandon.
+//! `hangwatch __inspect-child`: reads rank environments and Python stacks in a process the parent can abandon.
+//!
+//! Not for people: `dump` and the agent start it with the pids to read and parse its JSON lines. It may block in
+//! the kernel (that is why it exists); the parent kills and abandons it then.
 
 use std::process::ExitCode;
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Process to read (repeatable).
+    #[arg(long = "pid", required = true)]
+    pids: Vec<i32>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    hangwatch_inspect::pystack::child_main(&args.pids, &mut out)?;
     Ok(ExitCode::SUCCESS)
 }
