@@ -1,1 +1,36 @@
-//! TODO
+//! Parsers of the /proc files hangwatch reads, and [`ProcFs`], a reader that only touches the entries that stay
+//! safe on a process stuck on a frozen filesystem (see `docs/proc.md`).
+//!
+//! Parsing is apart from reading: every parser takes the file's text, so tests feed captured samples, and the
+//! reader's root is a parameter, so tests point it at a fake tree. Merging two samples into observations
+//! ([`observe_threads`]) and resolving a file to its mount ([`resolve_file_ref`]) are pure functions.
+
+mod clock;
+mod environ;
+mod error;
+mod fdinfo;
+mod io;
+mod kernel;
+mod mountinfo;
+mod observe;
+mod reader;
+mod resolve;
+mod stat;
+mod status;
+mod syscall;
+mod syscall_table;
+
+pub use clock::{clk_tck, DEFAULT_CLK_TCK};
+pub use environ::{parse_environ, Environ, RankEnv};
+pub use error::{ParseError, ReadError};
+pub use fdinfo::{parse_fdinfo, FdInfo};
+pub use io::{parse_io, IoCounters};
+pub use kernel::{parse_stack, parse_wchan};
+pub use mountinfo::{parse_mountinfo, unescape, Mount, MountTable};
+pub use observe::{decode_syscall, observe_process, observe_threads, ProcessSample, ThreadSample};
+pub use reader::{FileResolver, ProcFs};
+pub use resolve::{resolve_file_ref, FileTarget};
+pub use stat::{parse_stat, TaskStat};
+pub use status::{parse_status, SignalMask, Status};
+pub use syscall::{parse_syscall, SyscallLine};
+pub use syscall_table::{file_arg, syscall_name, syscall_name_for, Arch, FileArg, AT_FDCWD};

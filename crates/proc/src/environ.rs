@@ -1,0 +1,171 @@
+//! Parser of `/proc/PID/environ` and the launcher variables that say which rank a process is.
+//!
+//! Parser only: reading `environ` takes the target's mmap lock and can block on a stuck process, so
+//! [`crate::ProcFs`] never reads it. The caller reads it in a throwaway child and hands the bytes here.
+
+use serde::{Deserialize, Serialize};
+
+/// The environment of a process, in the order the kernel gave it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Environ {
+    vars: Vec<(String, String)>,
+}
+
+impl Environ {
+    /// The value of `key`; the first occurrence wins, as `getenv` does.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.vars
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn vars(&self) -> &[(String, String)] {
+        &self.vars
+    }
+}
+
+/// Parses NUL-separated `KEY=VALUE` entries. Entries without `=` are skipped; bytes that are not UTF-8 are
+/// replaced.
+pub fn parse_environ(bytes: &[u8]) -> Environ {
+    let vars = bytes
+        .split(|b| *b == 0)
+        .filter(|entry| !entry.is_empty())
+        .filter_map(|entry| {
+            let entry = String::from_utf8_lossy(entry);
+            let (key, value) = entry.split_once('=')?;
+            (!key.is_empty()).then(|| (key.to_owned(), value.to_owned()))
+        })
+        .collect();
+    Environ { vars }
+}
+
+/// Where a process sits in a distributed job, from the variables launchers set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankEnv {
+    /// `RANK` (torchrun, accelerate, Lightning), else `OMPI_COMM_WORLD_RANK`, else `PMI_RANK`.
+    pub rank: Option<u32>,
+    /// `LOCAL_RANK`, else `OMPI_COMM_WORLD_LOCAL_RANK`, else `MPI_LOCALRANKID`.
+    pub local_rank: Option<u32>,
+    /// `WORLD_SIZE`, else `OMPI_COMM_WORLD_SIZE`, else `PMI_SIZE`.
+    pub world_size: Option<u32>,
+    /// `LOCAL_WORLD_SIZE`, else `OMPI_COMM_WORLD_LOCAL_SIZE`.
+    pub local_world_size: Option<u32>,
+    /// `GROUP_RANK` (torchrun's node rank).
+    pub group_rank: Option<u32>,
+    pub master_addr: Option<String>,
+    pub master_port: Option<u16>,
+    /// `SLURM_PROCID`, kept apart from `rank`: under `srun ... torchrun` it numbers nodes, not ranks.
+    pub slurm_procid: Option<u32>,
+    /// `TORCHELASTIC_RUN_ID`: set in processes that torchrun started.
+    pub torchelastic_run_id: Option<String>,
+    /// `HANGWATCH_SOCKET`: where the rank's client sends heartbeats.
+    pub hangwatch_socket: Option<String>,
+}
+
+impl RankEnv {
+    pub fn from_environ(env: &Environ) -> RankEnv {
+        let number = |keys: &[&str]| keys.iter().find_map(|k| env.get(k)?.trim().parse().ok());
+        let text = |key: &str| env.get(key).filter(|v| !v.is_empty()).map(str::to_owned);
+        RankEnv {
+            rank: number(&["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"]),
+            local_rank: number(&[
+                "LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_RANK",
+                "MPI_LOCALRANKID",
+            ]),
+            world_size: number(&["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]),
+            local_world_size: number(&["LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"]),
+            group_rank: number(&["GROUP_RANK"]),
+            master_addr: text("MASTER_ADDR"),
+            master_port: env.get("MASTER_PORT").and_then(|v| v.trim().parse().ok()),
+            slurm_procid: number(&["SLURM_PROCID"]),
+            torchelastic_run_id: text("TORCHELASTIC_RUN_ID"),
+            hangwatch_socket: text("HANGWATCH_SOCKET"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The environment torchrun gives local rank 1 of 4 on node 1 of 2 (abridged).
+    const TORCHRUN_RANK5: &[u8] =
+        b"PATH=/usr/bin\0HOME=/root\0SLURM_PROCID=1\0LOCAL_RANK=1\0RANK=5\0\
+GROUP_RANK=1\0LOCAL_WORLD_SIZE=4\0WORLD_SIZE=8\0MASTER_ADDR=n1\0MASTER_PORT=29500\0\
+TORCHELASTIC_RUN_ID=job42\0HANGWATCH_SOCKET=/run/hangwatch/agent.sock\0";
+
+    #[test]
+    fn torchrun_rank() {
+        let env = parse_environ(TORCHRUN_RANK5);
+        assert_eq!(env.get("HOME"), Some("/root"));
+        let rank = RankEnv::from_environ(&env);
+        assert_eq!(rank.rank, Some(5));
+        assert_eq!(rank.local_rank, Some(1));
+        assert_eq!(rank.world_size, Some(8));
+        assert_eq!(rank.local_world_size, Some(4));
+        assert_eq!(rank.group_rank, Some(1));
+        assert_eq!(rank.master_addr.as_deref(), Some("n1"));
+        assert_eq!(rank.master_port, Some(29500));
+        assert_eq!(rank.slurm_procid, Some(1));
+        assert_eq!(rank.torchelastic_run_id.as_deref(), Some("job42"));
+        assert_eq!(
+            rank.hangwatch_socket.as_deref(),
+            Some("/run/hangwatch/agent.sock")
+        );
+    }
+
+    #[test]
+    fn torchrun_itself_under_srun_is_no_rank() {
+        let env = parse_environ(b"SLURM_PROCID=3\0SLURM_LOCALID=0\0PATH=/bin\0");
+        let rank = RankEnv::from_environ(&env);
+        assert_eq!(rank.rank, None);
+        assert_eq!(rank.slurm_procid, Some(3));
+    }
+
+    #[test]
+    fn open_mpi_fallback() {
+        let env = parse_environ(
+            b"OMPI_COMM_WORLD_RANK=7\0OMPI_COMM_WORLD_LOCAL_RANK=3\0OMPI_COMM_WORLD_SIZE=16\0",
+        );
+        let rank = RankEnv::from_environ(&env);
+        assert_eq!(
+            (rank.rank, rank.local_rank, rank.world_size),
+            (Some(7), Some(3), Some(16))
+        );
+    }
+
+    #[test]
+    fn odd_entries() {
+        let env = parse_environ(b"A=1=2\0NOEQUALS\0=x\0B=\0\xff\xfe=bad\0A=shadowed\0\0");
+        assert_eq!(env.get("A"), Some("1=2"));
+        assert_eq!(env.get("B"), Some(""));
+        assert_eq!(env.get("NOEQUALS"), None);
+        assert_eq!(env.vars().len(), 4);
+        let rank = RankEnv::from_environ(&parse_environ(
+            b"RANK=-1\0WORLD_SIZE= 4\0MASTER_PORT=99999\0",
+        ));
+        assert_eq!(rank.rank, None);
+        assert_eq!(rank.world_size, Some(4));
+        assert_eq!(rank.master_port, None);
+        assert_eq!(parse_environ(b""), Environ::default());
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            let env = parse_environ(&bytes);
+            let _ = RankEnv::from_environ(&env);
+        }
+
+        #[test]
+        fn finds_rank_among_noise(noise in prop::collection::vec("[A-Z_]{1,8}=[a-z0-9]{0,8}", 0..10), rank in 0u32..100_000) {
+            let mut text = noise.iter().filter(|e| !e.starts_with("RANK=")).cloned().collect::<Vec<_>>();
+            text.insert(text.len() / 2, format!("RANK={rank}"));
+            let env = parse_environ(text.join("\0").as_bytes());
+            prop_assert_eq!(RankEnv::from_environ(&env).rank, Some(rank));
+        }
+    }
+}
