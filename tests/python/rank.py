@@ -1,0 +1,251 @@
+"""A stand-in for one rank of a distributed training job, for hangwatch's system tests.
+
+Started by the Rust test kit (crates/testkit, `RankGroup`) with torchrun's environment: RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Every step it does a bit of work, appends a line to its log (kept open, so a
+frozen filesystem puts it in D state inside write()), then waits in `barrier` until every rank has arrived. Rank 0
+serves the barrier over TCP from a thread. It prints `step N` on stdout after each barrier.
+
+One rank can be told to misbehave (--behaviour), to reproduce the hangs hangwatch must explain:
+  barrier     normal (the default); `sigstop` is the same here: the test stops the process itself
+  spin        after --after steps, compute forever (busy while peers wait)
+  lock        after --after steps, deadlock on a threading lock (a data-loader style hang)
+  exit        after --after steps, exit with code 3 (peers wait for a rank that is gone)
+  mmap_stall  map --mmap-file MAP_SHARED and touch it; when triggered (SIGUSR1 or --trigger-file appears) one
+              thread writes to the page and 0.5 s later another munmaps it. On a frozen filesystem the write fault
+              waits while holding the memory-area lock and munmap waits behind it holding the mmap lock, so every
+              reader of this process's memory map (/proc/PID/cmdline, maps, process_vm_readv) blocks until the thaw.
+
+Dependency-free on purpose. Exits by itself when the process that started it dies.
+"""
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+ORIGINAL_PARENT = os.getppid()
+POLL_S = 0.5
+
+
+_say_lock = threading.Lock()
+
+
+def say(text):
+    """Prints one whole line: print() writes text and newline separately, which threads would interleave."""
+    with _say_lock:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
+def orphaned():
+    return os.getppid() != ORIGINAL_PARENT
+
+
+def exit_if_orphaned():
+    if orphaned():
+        os._exit(0)
+
+
+# ---- the barrier: rank 0 serves it, every rank (rank 0 too) is a client ----
+
+def serve_barrier(listener, world_size):
+    """Accepts one connection per rank, then each round reads `arrive` from all of them and answers `go`."""
+    conns = []
+    while len(conns) < world_size:
+        conn, _ = listener.accept()
+        conns.append(conn.makefile("rwb", buffering=0))
+    while True:
+        for conn in conns:
+            line = conn.readline()
+            if not line:
+                # A rank is gone: like a real collective, the others are left waiting.
+                return
+        for conn in conns:
+            conn.write(b"go\n")
+
+
+def connect(addr, port, deadline_s=60):
+    until = time.monotonic() + deadline_s
+    while True:
+        try:
+            sock = socket.create_connection((addr, port), timeout=5)
+            sock.settimeout(POLL_S)
+            return sock
+        except OSError:
+            if time.monotonic() > until:
+                raise
+            exit_if_orphaned()
+            time.sleep(0.05)
+
+
+def barrier(sock, step):
+    """Waits until every rank has arrived at `step`; a lost peer leaves us waiting here, as NCCL would."""
+    sock.sendall(b"arrive %d\n" % step)
+    received = b""
+    while not received.endswith(b"\n"):
+        try:
+            chunk = sock.recv(16)
+        except socket.timeout:
+            exit_if_orphaned()
+            continue
+        if not chunk:
+            while True:
+                time.sleep(POLL_S)
+                exit_if_orphaned()
+        received += chunk
+
+
+# ---- what a step does ----
+
+def work(seconds):
+    until = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < until:
+        for i in range(1000):
+            x += i * i
+    return x
+
+
+def write_log(log, rank, step):
+    log.write("rank %d step %d\n" % (rank, step))
+    log.flush()
+
+
+# ---- misbehaviours ----
+
+def spin():
+    x = 0
+    while True:
+        x = (x + 1) % 1000003
+        if x == 0:
+            exit_if_orphaned()
+
+
+def load_batch():
+    """Deadlocks: takes a lock it already holds (what a forked data-loader worker with a held lock does)."""
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()
+
+
+class MappedPage:
+    """One page of a file mapped MAP_SHARED read/write through libc (ctypes calls release the GIL)."""
+
+    PAGE = 4096
+
+    def __init__(self, path):
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.mmap.restype = ctypes.c_void_p
+        self.libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_long]
+        self.libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.libc.memset.restype = ctypes.c_void_p
+        self.libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        os.ftruncate(fd, self.PAGE)
+        addr = self.libc.mmap(None, self.PAGE, 0x1 | 0x2, 0x01, fd, 0)  # PROT_READ|PROT_WRITE, MAP_SHARED
+        os.close(fd)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            raise OSError(ctypes.get_errno(), "mmap failed: " + os.strerror(ctypes.get_errno()))
+        self.addr = addr
+        ctypes.c_char.from_address(addr).value  # read fault: the page is mapped read-only until written
+
+    def write(self):
+        self.libc.memset(self.addr, 0x42, 1)
+
+    def unmap(self):
+        self.libc.munmap(self.addr, self.PAGE)
+
+
+def stall_on_mmap(page, trigger_file):
+    triggered = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda signum, frame: triggered.set())
+
+    def wait_for_trigger():
+        while not triggered.wait(0.05):
+            if trigger_file and os.path.exists(trigger_file):
+                break
+        say("mmap writing")
+        writer = threading.Thread(target=write_mapped_page, args=(page,), name="mmap-writer", daemon=True)
+        writer.start()
+        time.sleep(0.5)
+        say("mmap unmapping")
+        unmap_page(page)
+        say("mmap unmapped")
+
+    threading.Thread(target=wait_for_trigger, name="mmap-stall", daemon=True).start()
+
+
+def write_mapped_page(page):
+    page.write()
+    say("mmap written")
+
+
+def unmap_page(page):
+    page.unmap()
+
+
+# ---- main ----
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=0, help="steps to run, 0 = until killed")
+    p.add_argument("--step-time", type=float, default=0.01, help="seconds of computation per step")
+    p.add_argument("--log", help="file to append a line to every step")
+    p.add_argument("--behaviour", default="barrier",
+                   choices=["barrier", "sigstop", "spin", "lock", "exit", "mmap_stall"])
+    p.add_argument("--after", type=int, default=0, help="steps before misbehaving (spin, lock, exit)")
+    p.add_argument("--mmap-file", help="file to map (mmap_stall)")
+    p.add_argument("--trigger-file", help="start the mmap stall when this file appears (mmap_stall)")
+    return p.parse_args()
+
+
+def main():
+    args = parse_args()
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ["MASTER_PORT"])
+
+    if rank == 0:
+        listener = socket.create_server((addr, port), backlog=world_size)
+        threading.Thread(target=serve_barrier, args=(listener, world_size), name="barrier-server",
+                         daemon=True).start()
+    sock = connect(addr, port)
+    log = open(args.log, "a") if args.log else None
+
+    if args.behaviour == "mmap_stall":
+        if not args.mmap_file:
+            sys.exit("rank.py: mmap_stall needs --mmap-file")
+        stall_on_mmap(MappedPage(args.mmap_file), args.trigger_file)
+        say("mmap ready")
+
+    say("rank %d of %d ready (pid %d)" % (rank, world_size, os.getpid()))
+    step = 0
+    while args.steps == 0 or step < args.steps:
+        exit_if_orphaned()
+        if step == args.after:
+            if args.behaviour == "spin":
+                say("spinning")
+                spin()
+            elif args.behaviour == "lock":
+                say("deadlocking")
+                load_batch()
+            elif args.behaviour == "exit":
+                say("exiting with code 3")
+                os._exit(3)
+        work(args.step_time)
+        if log:
+            write_log(log, rank, step)
+        barrier(sock, step)
+        say("step %d" % step)
+        step += 1
+    say("done")
+
+
+if __name__ == "__main__":
+    main()
