@@ -1,8 +1,10 @@
 //! The `hangwatch` binary: parses the command line and hands each subcommand to its module.
 
 mod commands;
+mod duration;
 mod exit;
 mod output;
+mod render;
 
 use std::process::ExitCode;
 

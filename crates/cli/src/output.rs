@@ -11,7 +11,8 @@ pub fn init_tracing(verbose: u8) {
         1 => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_env("HANGWATCH_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let filter =
+        EnvFilter::try_from_env("HANGWATCH_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

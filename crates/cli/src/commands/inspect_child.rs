@@ -10,11 +10,14 @@ pub struct Args {
     /// Process to read (repeatable).
     #[arg(long = "pid", required = true)]
     pids: Vec<i32>,
+    /// Read only the rank environment, not the Python stack.
+    #[arg(long)]
+    env_only: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    hangwatch_inspect::pystack::child_main(&args.pids, &mut out)?;
+    hangwatch_inspect::pystack::child_main(&args.pids, !args.env_only, &mut out)?;
     Ok(ExitCode::SUCCESS)
 }

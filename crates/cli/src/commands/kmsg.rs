@@ -6,5 +6,7 @@ use std::process::ExitCode;
 pub struct Args {}
 
 pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    Err(crate::exit::usage("`hangwatch kmsg` is not implemented yet"))
+    Err(crate::exit::usage(
+        "`hangwatch kmsg` is not implemented yet",
+    ))
 }

@@ -9,7 +9,9 @@ pub struct Args {}
 pub struct ChildArgs {}
 
 pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    Err(crate::exit::usage("`hangwatch probe` is not implemented yet"))
+    Err(crate::exit::usage(
+        "`hangwatch probe` is not implemented yet",
+    ))
 }
 
 pub fn run_child(_args: ChildArgs) -> anyhow::Result<ExitCode> {

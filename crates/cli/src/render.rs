@@ -1,0 +1,248 @@
+//! Human rendering of a verdict: the answer first, then the groups, the table, what to do and what was not seen.
+
+use std::fmt::Write;
+
+use hangwatch_model::{Verdict, VerdictKind};
+
+/// Compresses a sorted rank list: `0-3, 5, 7-9`.
+pub fn rank_ranges(ranks: &[u32]) -> String {
+    let mut sorted = ranks.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let start = sorted[i];
+        let mut end = start;
+        while i + 1 < sorted.len() && sorted[i + 1] == end + 1 {
+            i += 1;
+            end = sorted[i];
+        }
+        out.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        i += 1;
+    }
+    out.join(", ")
+}
+
+fn or_dash(v: Option<&str>) -> &str {
+    v.unwrap_or("-")
+}
+
+/// The whole human report.
+pub fn verdict_text(v: &Verdict) -> String {
+    let mut s = String::new();
+    let headline = match v.kind {
+        VerdictKind::Unknown | VerdictKind::CollectiveHang => v.summary.clone(),
+        _ => format!("{}: {}", v.kind.as_str().replace('_', " "), v.summary),
+    };
+    let _ = writeln!(s, "{headline}");
+    if let Some(stalled) = v.stalled_for_s {
+        let _ = writeln!(s, "  progress stopped {stalled:.1}s ago");
+    }
+    for c in &v.culprits {
+        let who = match c.rank {
+            Some(r) => format!("rank {r}"),
+            None => format!("pid {}", c.pid),
+        };
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "{who}: pid {}{}, state {}{}",
+            c.pid,
+            c.tid
+                .filter(|t| *t != c.pid)
+                .map(|t| format!(" (thread {t})"))
+                .unwrap_or_default(),
+            c.state,
+            c.reason
+                .as_deref()
+                .map(|r| format!(" — {r}"))
+                .unwrap_or_default()
+        );
+        if c.syscall.is_some() || c.wchan.is_some() {
+            let _ = writeln!(
+                s,
+                "  kernel call: {}  wait channel: {}{}",
+                c.syscall
+                    .as_deref()
+                    .map(|n| format!("{n}()"))
+                    .unwrap_or_else(|| "-".into()),
+                or_dash(c.wchan.as_deref()),
+                c.not_running_for_ms
+                    .map(|ms| format!("  (not running for {ms} ms)"))
+                    .unwrap_or_default()
+            );
+        }
+        if let Some(path) = &c.path {
+            let fs = v
+                .filesystems
+                .iter()
+                .find(|f| Some(&f.mount) == c.mount.as_ref());
+            let answer = match fs.and_then(|f| f.responsive) {
+                Some(false) => ", NOT RESPONDING",
+                Some(true) => ", responds",
+                None => "",
+            };
+            let _ = writeln!(
+                s,
+                "  file: {path}  on {} ({}{answer})",
+                or_dash(c.mount.as_deref()),
+                or_dash(c.fstype.as_deref())
+            );
+        }
+        if let Some(k) = c.killable {
+            let _ = writeln!(
+                s,
+                "  killable: {}",
+                if k { "yes" } else { "no (uninterruptible)" }
+            );
+        }
+        if let Some(stack) = c.python_stack.as_ref().filter(|s| !s.is_empty()) {
+            let _ = writeln!(s, "  python stack (innermost first):");
+            for frame in stack.iter().take(12) {
+                let _ = writeln!(s, "    {frame}");
+            }
+        }
+        if let Some(stack) = c.kernel_stack.as_ref().filter(|s| !s.is_empty()) {
+            let _ = writeln!(
+                s,
+                "  kernel stack: {}",
+                stack
+                    .iter()
+                    .take(10)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(" <- ")
+            );
+        }
+        if let Some(tracer) = c.tracer_pid {
+            let _ = writeln!(s, "  traced by pid {tracer}");
+        }
+    }
+    if !v.groups.is_empty() {
+        let _ = writeln!(s);
+        let _ = writeln!(s, "where the ranks are:");
+        for g in &v.groups {
+            let who = if g.ranks.is_empty() {
+                format!(
+                    "pids {}",
+                    g.pids
+                        .iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            } else {
+                format!("ranks {}", rank_ranges(&g.ranks))
+            };
+            let _ = writeln!(
+                s,
+                "  {:>4} x {} [{}]: {who}",
+                g.pids.len(),
+                g.where_,
+                g.state
+            );
+        }
+    }
+    if !v.filesystems.is_empty() {
+        let _ = writeln!(s);
+        let _ = writeln!(s, "filesystems:");
+        for f in &v.filesystems {
+            let answer = match f.responsive {
+                Some(true) => "responds",
+                Some(false) => "NOT RESPONDING",
+                None => "unknown",
+            };
+            let _ = writeln!(
+                s,
+                "  {} ({}): {answer}{}",
+                f.mount,
+                or_dash(f.fstype.as_deref()),
+                f.detail
+                    .as_deref()
+                    .map(|d| format!(" — {d}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    if !v.ranks.is_empty() {
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "{:<6} {:<8} {:<5} {:<40} {:<10} {:<24} {}",
+            "RANK", "PID", "STATE", "WHERE", "SYSCALL", "WCHAN", "FILE"
+        );
+        for r in &v.ranks {
+            let _ = writeln!(
+                s,
+                "{:<6} {:<8} {:<5} {:<40} {:<10} {:<24} {}",
+                r.rank.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
+                r.pid,
+                r.state,
+                truncate(&r.where_, 40),
+                or_dash(r.syscall.as_deref()),
+                truncate(or_dash(r.wchan.as_deref()), 24),
+                or_dash(r.path.as_deref())
+            );
+        }
+    }
+    if !v.actions.is_empty() {
+        let _ = writeln!(s);
+        let _ = writeln!(s, "actions:");
+        for a in &v.actions {
+            let _ = writeln!(
+                s,
+                "  {} ranks {}: {}{}",
+                a.action,
+                rank_ranges(&a.ranks),
+                if a.ok { "ok" } else { "FAILED" },
+                a.detail
+                    .as_deref()
+                    .map(|d| format!(" — {d}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    if !v.recommendations.is_empty() {
+        let _ = writeln!(s);
+        let _ = writeln!(s, "what to do:");
+        for r in &v.recommendations {
+            let _ = writeln!(s, "  - {r}");
+        }
+    }
+    if !v.warnings.is_empty() {
+        let _ = writeln!(s);
+        let _ = writeln!(s, "not seen (reads that failed or timed out):");
+        for w in &v.warnings {
+            let _ = writeln!(s, "  - {w}");
+        }
+    }
+    s
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(max.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_ranges_compress_runs() {
+        assert_eq!(rank_ranges(&[1, 2, 3, 5, 7, 8, 9]), "1-3, 5, 7-9");
+        assert_eq!(rank_ranges(&[4]), "4");
+        assert_eq!(rank_ranges(&[]), "");
+        assert_eq!(rank_ranges(&[3, 1, 2, 2]), "1-3");
+    }
+}

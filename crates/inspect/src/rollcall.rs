@@ -1,0 +1,161 @@
+//! A roll call of rank processes on this node: two /proc samples, Python stacks and rank identities read in
+//! throwaway children between them, probes of the mounts that stuck ranks use, and the verdict.
+//!
+//! Nothing here ptrace-stops a rank or touches a watched filesystem from hangwatch's own threads: /proc entries
+//! read directly are the safe ones (INSPECTION.md); the rest goes through [`crate::pystack`] and the probe children.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hangwatch_diagnosis::{mounts_to_probe, roll_call, RollCallInput};
+use hangwatch_model::{ProbeResult, ProcessObservation, Verdict};
+use hangwatch_proc::{observe_process, ProcFs, ReadError};
+
+use crate::pystack::{read_python_processes, PythonProcessReport, StackReadOptions};
+
+/// How to take a roll call.
+#[derive(Debug, Clone)]
+pub struct RollCallOptions {
+    /// Time between the two /proc samples: a thread that did not run during it is "not running".
+    pub window: Duration,
+    /// Read Python stacks (and rank identities) in children; off: ranks are identified only by `known_ranks`.
+    pub read_stacks: bool,
+    pub stacks: StackReadOptions,
+    /// Node name for the verdict.
+    pub node: Option<String>,
+    /// From a detector, when there is one.
+    pub stalled_for_s: Option<f64>,
+}
+
+/// The roll call's result: the verdict and the observations it was made from.
+#[derive(Debug)]
+pub struct RollCall {
+    pub verdict: Verdict,
+    pub observations: Vec<ProcessObservation>,
+    pub probes: Vec<ProbeResult>,
+    pub elapsed: Duration,
+}
+
+/// Environment variables that carry the global rank, in order of preference.
+const RANK_VARS: &[&str] = &["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"];
+const LOCAL_RANK_VARS: &[&str] = &["LOCAL_RANK", "SLURM_LOCALID"];
+
+fn first_number(env: &HashMap<String, String>, vars: &[&str]) -> Option<u32> {
+    vars.iter().find_map(|v| env.get(*v)?.trim().parse().ok())
+}
+
+/// Observes `pids` and decides. `known_ranks` gives ranks that the caller already knows (it launched them);
+/// `probe` probes the named mounts (the caller owns the prober, so that a stuck probe is not restarted).
+pub fn take_roll_call(
+    procfs: &ProcFs,
+    pids: &[i32],
+    known_ranks: &HashMap<i32, u32>,
+    options: &RollCallOptions,
+    probe: impl FnOnce(&[String]) -> Vec<ProbeResult>,
+) -> RollCall {
+    let started = Instant::now();
+    let clk_tck = hangwatch_proc::clk_tck();
+
+    let stack_reader = options.read_stacks.then(|| {
+        let pids = pids.to_vec();
+        let stack_options = options.stacks.clone();
+        std::thread::spawn(move || read_python_processes(&pids, &stack_options))
+    });
+
+    let first: Vec<(i32, Result<_, ReadError>)> = pids
+        .iter()
+        .map(|&pid| (pid, procfs.sample_process(pid)))
+        .collect();
+    let first_at = Instant::now();
+    std::thread::sleep(options.window);
+    let elapsed = first_at.elapsed();
+
+    let mut observations = Vec::with_capacity(pids.len());
+    for (pid, first) in first {
+        let second = procfs.sample_process(pid);
+        let observation = match (first, second) {
+            (Ok(first), Ok(second)) => {
+                let mut resolver = procfs.file_resolver(pid);
+                let mut obs = observe_process(&first, &second, elapsed, clk_tck, |target| {
+                    resolver.resolve(target)
+                });
+                obs.read_issues.extend(resolver.issues().iter().cloned());
+                obs
+            }
+            (_, Err(e)) | (Err(e), _) if e.is_exited() => ProcessObservation {
+                pid,
+                exited: true,
+                ..Default::default()
+            },
+            (Err(e), _) | (_, Err(e)) => ProcessObservation {
+                pid,
+                read_issues: vec![format!("could not read /proc for this process: {e}")],
+                ..Default::default()
+            },
+        };
+        observations.push(observation);
+    }
+
+    let reports: HashMap<i32, PythonProcessReport> = match stack_reader.map(|h| h.join()) {
+        Some(Ok(outcome)) => outcome.reports,
+        Some(Err(_)) => HashMap::new(),
+        None => HashMap::new(),
+    };
+    for obs in &mut observations {
+        obs.node = options.node.clone();
+        obs.rank = known_ranks.get(&obs.pid).copied();
+        if let Some(report) = reports.get(&obs.pid) {
+            obs.rank = obs.rank.or_else(|| first_number(&report.env, RANK_VARS));
+            obs.local_rank = first_number(&report.env, LOCAL_RANK_VARS);
+            obs.python = report.threads.clone();
+            if !obs.exited {
+                obs.read_issues
+                    .extend(report.errors.iter().filter(|e| !is_not_python(e)).cloned());
+            }
+        }
+    }
+
+    let window_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+    let mounts = mounts_to_probe(&observations, window_ms);
+    let probes = if mounts.is_empty() {
+        Vec::new()
+    } else {
+        probe(&mounts)
+    };
+    let verdict = roll_call(&RollCallInput {
+        processes: observations.clone(),
+        probes: probes.clone(),
+        window_ms,
+        node: options.node.clone(),
+        stalled_for_s: options.stalled_for_s,
+        now_unix_s: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs_f64()),
+    });
+    RollCall {
+        verdict,
+        observations,
+        probes,
+        elapsed: started.elapsed(),
+    }
+}
+
+/// py-spy's answer for a process that is not Python is expected in a mixed tree, not a problem worth a warning.
+fn is_not_python(error: &str) -> bool {
+    error.starts_with("not a readable Python process")
+}
+
+/// Whether a process looks like a Python interpreter, from its executable's name (a safe readlink).
+pub fn is_python(procfs: &ProcFs, pid: i32) -> bool {
+    let exe = procfs.exe(pid).unwrap_or_default();
+    let name = exe.rsplit('/').next().unwrap_or("");
+    name.starts_with("python") || procfs.stat(pid).is_ok_and(|s| s.comm.starts_with("python"))
+}
+
+/// This machine's host name, for verdicts.
+pub fn hostname() -> Option<String> {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+}
