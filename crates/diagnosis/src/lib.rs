@@ -3,8 +3,10 @@
 //! - [`position`]: where each rank is (its most telling thread, the meaningful Python frame, its condition).
 //! - [`rollcall`]: grouping ranks by position, naming the outliers, and the verdict.
 
+pub mod detector;
 pub mod position;
 pub mod rollcall;
 
+pub use detector::{Detector, DetectorConfig, ProgressSource, StallState, Threshold};
 pub use position::{classify, Condition, Position};
 pub use rollcall::{mounts_to_probe, roll_call, RollCallInput};

@@ -1,0 +1,467 @@
+//! Stall detection: progress events in, "healthy / soft stall / hard stall" out, with thresholds learned from the
+//! job's own step intervals (per phase), a floor and a ceiling.
+//!
+//! Time is a `Duration` since the job started, passed in by the caller: the detector has no clock.
+//!
+//! Progress comes from the strongest source the job has shown: heartbeats from the Python client once any arrived,
+//! else output lines, else CPU activity. Intervals are measured per rank (16 ranks printing the same step are one
+//! step, not 16) and attributed to the phase the rank was in. While any rank is inside a phase, that phase's
+//! threshold applies; a phase never completed before gets the ceiling, so a first 10-minute checkpoint is not a
+//! hang.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// What counts as progress, strongest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProgressSource {
+    Heartbeat,
+    Output,
+    Activity,
+}
+
+/// Thresholds and how they are learned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DetectorConfig {
+    /// `--stall-after`: a fixed hard threshold; nothing is learned.
+    pub fixed: Option<Duration>,
+    /// The learned hard threshold is never below this.
+    pub floor: Duration,
+    /// ... and never above this; also the threshold of a phase not seen complete before.
+    pub ceiling: Duration,
+    /// Hard threshold until `min_samples` intervals were seen (slow first steps: compilation, data loading).
+    pub warmup: Duration,
+    pub min_samples: usize,
+    /// Learned threshold = max(`p95_factor` x p95 interval, `max_factor` x longest interval seen).
+    pub p95_factor: f64,
+    pub max_factor: f64,
+    /// The soft threshold (roll call, evidence, alert; nothing killed) as a fraction of the hard one.
+    pub soft_fraction: f64,
+}
+
+impl Default for DetectorConfig {
+    fn default() -> Self {
+        Self {
+            fixed: None,
+            floor: Duration::from_secs(120),
+            ceiling: Duration::from_secs(30 * 60),
+            warmup: Duration::from_secs(15 * 60),
+            min_samples: 8,
+            p95_factor: 10.0,
+            max_factor: 3.0,
+            soft_fraction: 0.5,
+        }
+    }
+}
+
+/// What the detector thinks now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StallState {
+    /// Progress is recent enough.
+    Healthy,
+    /// Past the soft threshold: time for a roll call and an alert.
+    Soft {
+        stalled_for: Duration,
+        threshold: Threshold,
+    },
+    /// Past the hard threshold: time to act.
+    Hard {
+        stalled_for: Duration,
+        threshold: Threshold,
+    },
+}
+
+/// The threshold in force and where it came from, for verdicts and evidence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Threshold {
+    pub hard: Duration,
+    pub soft: Duration,
+    /// `fixed`, `warmup`, `learned`, `new phase`.
+    pub basis: String,
+    pub phase: Option<String>,
+    pub samples: usize,
+    pub source: Option<ProgressSource>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct RankState {
+    last: HashMap<ProgressSource, Duration>,
+    /// Phases the rank is inside, innermost last, with when each began.
+    phases: Vec<(String, Duration)>,
+}
+
+/// The stall detector of one job.
+#[derive(Debug, Clone)]
+pub struct Detector {
+    config: DetectorConfig,
+    ranks: HashMap<Option<u32>, RankState>,
+    /// Intervals per (source, phase); `None` phase = ordinary steps.
+    intervals: HashMap<(ProgressSource, Option<String>), Vec<Duration>>,
+    /// Phases seen complete, with their durations.
+    phase_durations: HashMap<String, Vec<Duration>>,
+    last_progress: HashMap<ProgressSource, Duration>,
+    started: Duration,
+}
+
+const MAX_SAMPLES: usize = 4096;
+
+impl Detector {
+    pub fn new(config: DetectorConfig, started: Duration) -> Self {
+        Self {
+            config,
+            ranks: HashMap::new(),
+            intervals: HashMap::new(),
+            phase_durations: HashMap::new(),
+            last_progress: HashMap::new(),
+            started,
+        }
+    }
+
+    pub fn config(&self) -> &DetectorConfig {
+        &self.config
+    }
+
+    /// The strongest source seen so far.
+    pub fn source(&self) -> Option<ProgressSource> {
+        self.last_progress.keys().min().copied()
+    }
+
+    /// One unit of progress from a rank (`None`: output not attributable to a rank).
+    pub fn progress(&mut self, rank: Option<u32>, source: ProgressSource, now: Duration) {
+        let state = self.ranks.entry(rank).or_default();
+        let phase = state.phases.last().map(|(name, _)| name.clone());
+        if let Some(prev) = state.last.insert(source, now) {
+            let interval = now.saturating_sub(prev);
+            push_bounded(self.intervals.entry((source, phase)).or_default(), interval);
+        }
+        self.last_progress.insert(source, now);
+    }
+
+    /// A rank entered a phase (`hangwatch.phase(name)`). Counts as progress.
+    pub fn phase_begin(&mut self, rank: Option<u32>, name: &str, now: Duration) {
+        self.progress(rank, ProgressSource::Heartbeat, now);
+        let state = self.ranks.entry(rank).or_default();
+        state.phases.push((name.to_string(), now));
+    }
+
+    /// A rank left a phase. Counts as progress; the phase's duration is learned.
+    pub fn phase_end(&mut self, rank: Option<u32>, name: &str, now: Duration) {
+        let state = self.ranks.entry(rank).or_default();
+        if let Some(pos) = state.phases.iter().rposition(|(n, _)| n == name) {
+            let (_, began) = state.phases.remove(pos);
+            push_bounded(
+                self.phase_durations.entry(name.to_string()).or_default(),
+                now.saturating_sub(began),
+            );
+        }
+        // The interval that ends here belongs to the phase just left, not to ordinary steps.
+        if let Some(prev) = state.last.insert(ProgressSource::Heartbeat, now) {
+            push_bounded(
+                self.intervals
+                    .entry((ProgressSource::Heartbeat, Some(name.to_string())))
+                    .or_default(),
+                now.saturating_sub(prev),
+            );
+        }
+        self.last_progress.insert(ProgressSource::Heartbeat, now);
+    }
+
+    /// A rank went away: its open phases no longer hold the threshold open.
+    pub fn rank_gone(&mut self, rank: Option<u32>) {
+        if let Some(state) = self.ranks.get_mut(&rank) {
+            state.phases.clear();
+        }
+    }
+
+    /// The threshold in force now.
+    pub fn threshold(&self) -> Threshold {
+        let source = self.source();
+        let soft_of = |hard: Duration| hard.mul_f64(self.config.soft_fraction);
+        if let Some(hard) = self.config.fixed {
+            return Threshold {
+                hard,
+                soft: soft_of(hard),
+                basis: "fixed".into(),
+                phase: None,
+                samples: 0,
+                source,
+            };
+        }
+        // Inside a phase: that phase's threshold (the longest among open phases).
+        let open_phases: Vec<&String> = self
+            .ranks
+            .values()
+            .filter_map(|r| r.phases.last().map(|(n, _)| n))
+            .collect();
+        let mut best: Option<Threshold> = None;
+        for phase in open_phases {
+            let t = self.phase_threshold(phase, source);
+            if best.as_ref().is_none_or(|b| t.hard > b.hard) {
+                best = Some(t);
+            }
+        }
+        if let Some(t) = best {
+            return t;
+        }
+        let samples = source
+            .and_then(|s| self.intervals.get(&(s, None)))
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let (hard, basis) = self.learned(samples);
+        Threshold {
+            hard,
+            soft: soft_of(hard),
+            basis,
+            phase: None,
+            samples: samples.len(),
+            source,
+        }
+    }
+
+    fn phase_threshold(&self, phase: &str, source: Option<ProgressSource>) -> Threshold {
+        let durations = self
+            .phase_durations
+            .get(phase)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let (hard, basis) = if durations.is_empty() {
+            (self.config.ceiling, "new phase".to_string())
+        } else {
+            let mut all: Vec<Duration> = durations.to_vec();
+            if let Some(s) = source.and_then(|s| self.intervals.get(&(s, Some(phase.to_string()))))
+            {
+                all.extend_from_slice(s);
+            }
+            let longest = all.iter().max().copied().unwrap_or_default();
+            let hard = longest
+                .mul_f64(self.config.max_factor)
+                .clamp(self.config.floor, self.config.ceiling);
+            (hard, "learned".to_string())
+        };
+        Threshold {
+            hard,
+            soft: hard.mul_f64(self.config.soft_fraction),
+            basis,
+            phase: Some(phase.to_string()),
+            samples: durations.len(),
+            source,
+        }
+    }
+
+    fn learned(&self, samples: &[Duration]) -> (Duration, String) {
+        if samples.len() < self.config.min_samples {
+            return (self.config.warmup.max(self.config.floor), "warmup".into());
+        }
+        let mut sorted = samples.to_vec();
+        sorted.sort_unstable();
+        let p95 = sorted[((sorted.len() - 1) as f64 * 0.95).round() as usize];
+        let longest = sorted[sorted.len() - 1];
+        let hard = p95
+            .mul_f64(self.config.p95_factor)
+            .max(longest.mul_f64(self.config.max_factor))
+            .clamp(self.config.floor, self.config.ceiling);
+        (hard, "learned".into())
+    }
+
+    /// How long since the last progress of the strongest source (since the start when there was none).
+    pub fn stalled_for(&self, now: Duration) -> Duration {
+        let last = self
+            .source()
+            .and_then(|s| self.last_progress.get(&s).copied())
+            .unwrap_or(self.started);
+        now.saturating_sub(last)
+    }
+
+    /// The decision now.
+    pub fn check(&self, now: Duration) -> StallState {
+        let threshold = self.threshold();
+        let stalled_for = self.stalled_for(now);
+        if stalled_for >= threshold.hard {
+            StallState::Hard {
+                stalled_for,
+                threshold,
+            }
+        } else if stalled_for >= threshold.soft {
+            StallState::Soft {
+                stalled_for,
+                threshold,
+            }
+        } else {
+            StallState::Healthy
+        }
+    }
+}
+
+fn push_bounded(v: &mut Vec<Duration>, d: Duration) {
+    if v.len() >= MAX_SAMPLES {
+        v.remove(0);
+    }
+    v.push(d);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(x: f64) -> Duration {
+        Duration::from_secs_f64(x)
+    }
+
+    fn fast_config() -> DetectorConfig {
+        DetectorConfig {
+            floor: s(2.0),
+            ceiling: s(600.0),
+            warmup: s(60.0),
+            min_samples: 5,
+            ..DetectorConfig::default()
+        }
+    }
+
+    #[test]
+    fn fixed_threshold_fires_soft_then_hard() {
+        let mut d = Detector::new(
+            DetectorConfig {
+                fixed: Some(s(10.0)),
+                ..DetectorConfig::default()
+            },
+            s(0.0),
+        );
+        d.progress(Some(0), ProgressSource::Output, s(1.0));
+        assert_eq!(d.check(s(5.9)), StallState::Healthy);
+        assert!(matches!(d.check(s(6.1)), StallState::Soft { .. }));
+        match d.check(s(11.5)) {
+            StallState::Hard {
+                stalled_for,
+                threshold,
+            } => {
+                assert_eq!(stalled_for, s(10.5));
+                assert_eq!(threshold.basis, "fixed");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn warmup_protects_slow_first_steps() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        d.progress(Some(0), ProgressSource::Heartbeat, s(50.0));
+        assert_eq!(
+            d.check(s(75.0)),
+            StallState::Healthy,
+            "a 50 s first step is no hang"
+        );
+        assert_eq!(d.threshold().basis, "warmup");
+    }
+
+    #[test]
+    fn learned_threshold_follows_step_interval_and_respects_floor() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        for i in 0..20 {
+            for rank in 0..4 {
+                d.progress(Some(rank), ProgressSource::Heartbeat, s(i as f64 * 0.5));
+            }
+        }
+        let t = d.threshold();
+        assert_eq!(t.basis, "learned");
+        assert_eq!(t.hard, s(5.0), "10 x p95 of 0.5 s steps");
+        assert!(matches!(d.check(s(9.5 + 5.1)), StallState::Hard { .. }));
+        let mut tiny = Detector::new(fast_config(), s(0.0));
+        for i in 0..20 {
+            tiny.progress(Some(0), ProgressSource::Heartbeat, s(i as f64 * 0.01));
+        }
+        assert_eq!(tiny.threshold().hard, s(2.0), "floor");
+    }
+
+    #[test]
+    fn a_long_pause_once_seen_raises_the_threshold() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        let mut t = 0.0;
+        for i in 0..40 {
+            t += if i == 20 { 30.0 } else { 0.1 };
+            d.progress(Some(0), ProgressSource::Output, s(t));
+        }
+        assert!(d.threshold().hard >= s(90.0), "{:?}", d.threshold());
+    }
+
+    #[test]
+    fn heartbeats_outrank_output_once_seen() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        d.progress(Some(0), ProgressSource::Output, s(1.0));
+        assert_eq!(d.source(), Some(ProgressSource::Output));
+        d.progress(Some(0), ProgressSource::Heartbeat, s(2.0));
+        d.progress(Some(0), ProgressSource::Output, s(100.0));
+        assert_eq!(d.source(), Some(ProgressSource::Heartbeat));
+        assert_eq!(
+            d.stalled_for(s(100.0)),
+            s(98.0),
+            "output does not hide a heartbeat stall"
+        );
+    }
+
+    #[test]
+    fn a_phase_never_seen_gets_the_ceiling_and_then_is_learned() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        for i in 0..10 {
+            d.progress(Some(0), ProgressSource::Heartbeat, s(i as f64));
+        }
+        d.phase_begin(Some(0), "checkpoint", s(10.0));
+        let t = d.threshold();
+        assert_eq!((t.basis.as_str(), t.hard), ("new phase", s(600.0)));
+        assert_eq!(
+            d.check(s(300.0)),
+            StallState::Healthy,
+            "a first 5-minute checkpoint is no hang"
+        );
+        d.phase_end(Some(0), "checkpoint", s(310.0));
+        assert_eq!(d.threshold().phase, None);
+        assert!(
+            d.threshold().hard < s(60.0),
+            "steps are fast again: {:?}",
+            d.threshold()
+        );
+        d.phase_begin(Some(0), "checkpoint", s(320.0));
+        let t = d.threshold();
+        assert_eq!(t.basis, "learned");
+        assert_eq!(t.hard, s(600.0), "3 x 300 s, clamped to the ceiling");
+    }
+
+    #[test]
+    fn phase_intervals_do_not_pollute_step_intervals() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        let mut t = 0.0;
+        for _ in 0..10 {
+            t += 0.2;
+            d.progress(Some(0), ProgressSource::Heartbeat, s(t));
+        }
+        d.phase_begin(Some(0), "eval", s(t));
+        t += 120.0;
+        d.phase_end(Some(0), "eval", s(t));
+        for _ in 0..10 {
+            t += 0.2;
+            d.progress(Some(0), ProgressSource::Heartbeat, s(t));
+        }
+        assert_eq!(d.threshold().hard, s(2.0), "{:?}", d.threshold());
+    }
+
+    #[test]
+    fn rank_gone_closes_its_phases() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        d.phase_begin(Some(1), "save", s(1.0));
+        assert_eq!(d.threshold().phase.as_deref(), Some("save"));
+        d.rank_gone(Some(1));
+        assert_eq!(d.threshold().phase, None);
+    }
+
+    #[test]
+    fn no_progress_at_all_counts_from_the_start() {
+        let d = Detector::new(
+            DetectorConfig {
+                fixed: Some(s(5.0)),
+                ..DetectorConfig::default()
+            },
+            s(2.0),
+        );
+        assert_eq!(d.stalled_for(s(4.0)), s(2.0));
+        assert!(matches!(d.check(s(7.5)), StallState::Hard { .. }));
+    }
+}
