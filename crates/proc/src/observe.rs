@@ -147,7 +147,7 @@ pub fn observe_process(
         exited: second.exited(),
         threads: observe_threads(first, second, elapsed, clk_tck, resolve),
         tracer_pid: second.tracer_pid(),
-        sigstop_pending: second.pending().sigstop() || first.pending().sigstop(),
+        sigstop_pending: second.pending().sigstop(),
         read_issues: first.issues.iter().chain(&second.issues).cloned().collect(),
         ..ProcessObservation::default()
     }
