@@ -1,12 +1,146 @@
-//! `hangwatch kmsg`.
+//! `hangwatch kmsg`: report hung tasks, GPU Xid errors and filesystem complaints of a kernel log file, of stdin,
+//! or of the live kernel log (`/dev/kmsg`, followed).
 
+use std::io::{BufReader, Write};
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-#[derive(Debug, clap::Args)]
-pub struct Args {}
+use anyhow::Context;
+use hangwatch_kmsg::{self as kmsg, Event, ReportOptions, Since};
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    Err(crate::exit::usage(
-        "`hangwatch kmsg` is not implemented yet",
-    ))
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Without FILE, follows the live kernel log (/dev/kmsg): everything still buffered first, then new messages, \
+one line per event as it completes (with --json: one JSON object per line, JSON Lines). Stop with Ctrl-C.")]
+pub struct Args {
+    /// Kernel log to read (`dmesg -T`, `dmesg`, syslog/journalctl or raw /dev/kmsg text); `-` reads stdin.
+    pub file: Option<PathBuf>,
+    /// Print the report as one JSON document on stdout (live: one JSON object per event and line).
+    #[arg(long)]
+    pub json: bool,
+    /// Only events at or after this time: `2023-03-04T04:00:00` or "2023-03-04 04:00" (the log's own clock),
+    /// or `boot+SECONDS` (seconds since boot).
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// Without FILE: report what the kernel log holds now instead of following it.
+    #[arg(long)]
+    pub once: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let since = match args.since.as_deref() {
+        Some(text) => Some(
+            text.parse::<Since>()
+                .map_err(|e| crate::exit::usage(e.to_string()))?,
+        ),
+        None => None,
+    };
+    match args.file.as_deref() {
+        Some(path) if path == Path::new("-") => {
+            let options = ReportOptions {
+                since,
+                boot_unix_s: None,
+            };
+            let report = kmsg::report_from_reader(std::io::stdin().lock(), &options)
+                .context("reading stdin")?;
+            print_report(&report, args.json)
+        }
+        Some(path) => {
+            let file = std::fs::File::open(path)
+                .map_err(|e| crate::exit::usage(format!("cannot open {}: {e}", path.display())))?;
+            let options = ReportOptions {
+                since,
+                boot_unix_s: None,
+            };
+            let report = kmsg::report_from_reader(BufReader::new(file), &options)
+                .with_context(|| format!("reading {}", path.display()))?;
+            print_report(&report, args.json)
+        }
+        None if args.once => {
+            let file = kmsg::open_kmsg(Path::new(kmsg::DEV_KMSG), true)?;
+            let options = ReportOptions {
+                since,
+                boot_unix_s: kmsg::follow::boot_time_unix_s(),
+            };
+            let report = kmsg::report_from_reader(BufReader::new(file), &options)
+                .context("reading /dev/kmsg")?;
+            print_report(&report, args.json)
+        }
+        None => follow_live(since, args.json),
+    }
+}
+
+fn print_report(report: &kmsg::Report, json: bool) -> anyhow::Result<ExitCode> {
+    if json {
+        crate::output::print_json(report)?;
+    } else {
+        let mut stdout = std::io::stdout().lock();
+        stdout.write_all(kmsg::render_report(report).as_bytes())?;
+        stdout.flush()?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One line per finished event on stdout; a closed stdout (`| head`) ends the follow quietly.
+fn follow_live(since: Option<Since>, json: bool) -> anyhow::Result<ExitCode> {
+    let file = kmsg::open_kmsg(Path::new(kmsg::DEV_KMSG), false)?;
+    eprintln!(
+        "hangwatch: following {} (buffered messages first); Ctrl-C to stop",
+        kmsg::DEV_KMSG
+    );
+    let mut write_error = None;
+    let summary = kmsg::follow(
+        file,
+        kmsg::follow::DEFAULT_IDLE,
+        kmsg::follow::boot_time_unix_s(),
+        |event: Event| {
+            if since.is_some_and(|s| !s.admits(event.time())) {
+                return ControlFlow::Continue(());
+            }
+            match write_event(&event, json) {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(e) => {
+                    write_error = Some(e);
+                    ControlFlow::Break(())
+                }
+            }
+        },
+    )?;
+    if summary.overruns > 0 {
+        tracing::warn!(
+            overruns = summary.overruns,
+            "kernel log records were overwritten before they could be read"
+        );
+    }
+    match write_error {
+        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Some(e) => Err(e).context("writing to stdout"),
+        None => Ok(ExitCode::SUCCESS),
+    }
+}
+
+fn write_event(event: &Event, json: bool) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    if json {
+        let value = serde_json::json!({ "version": kmsg::REPORT_VERSION, "event": event });
+        serde_json::to_writer(&mut stdout, &flatten_event(value))?;
+        stdout.write_all(b"\n")?;
+    } else {
+        writeln!(stdout, "{}", kmsg::render_event(event))?;
+    }
+    stdout.flush()
+}
+
+/// `{"version": 1, "event": "hung_task", ...fields}`: the event's own fields at the top level.
+fn flatten_event(value: serde_json::Value) -> serde_json::Value {
+    let serde_json::Value::Object(mut outer) = value else {
+        return value;
+    };
+    if let Some(serde_json::Value::Object(inner)) = outer.remove("event") {
+        for (k, v) in inner {
+            outer.insert(k, v);
+        }
+    }
+    serde_json::Value::Object(outer)
 }

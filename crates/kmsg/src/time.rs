@@ -1,0 +1,476 @@
+//! Timestamps of kernel-log lines: the wall-clock time a prefix printed (maybe without a year or zone) and the
+//! seconds since boot, with the little calendar arithmetic the report needs ("blocked since" = first report minus N s).
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// When a line was logged, as far as its prefix tells.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timestamp {
+    /// Wall-clock time printed by `dmesg -T`, syslog or ISO prefixes (local time of the node unless an offset is
+    /// shown), or derived from the boot time when following `/dev/kmsg` (then in UTC).
+    pub wall: Option<WallTime>,
+    /// Seconds since boot (`[  967.723456]`, or the microseconds field of a `/dev/kmsg` record).
+    pub monotonic_s: Option<f64>,
+}
+
+impl Timestamp {
+    pub fn is_empty(&self) -> bool {
+        self.wall.is_none() && self.monotonic_s.is_none()
+    }
+
+    /// The same instant `secs` seconds earlier; used for "blocked since about".
+    pub fn minus_secs(&self, secs: u64) -> Timestamp {
+        Timestamp {
+            wall: self.wall.map(|w| w.minus_secs(secs)),
+            monotonic_s: self.monotonic_s.map(|m| m - secs as f64),
+        }
+    }
+
+    /// Seconds from `earlier` to `self`, by the clock both have (monotonic first).
+    pub fn seconds_since(&self, earlier: &Timestamp) -> Option<f64> {
+        if let (Some(a), Some(b)) = (self.monotonic_s, earlier.monotonic_s) {
+            return Some(a - b);
+        }
+        let (a, b) = (self.wall?, earlier.wall?);
+        Some((a.naive_seconds() - b.naive_seconds()) as f64)
+    }
+
+    /// A copy with the wall-clock time filled in from the monotonic time when the line had none.
+    pub fn with_boot_time(mut self, boot_unix_s: Option<f64>) -> Timestamp {
+        if let (None, Some(mono), Some(boot)) = (self.wall, self.monotonic_s, boot_unix_s) {
+            self.wall = WallTime::from_unix_utc(boot + mono);
+        }
+        self
+    }
+}
+
+/// A civil date and time as a log printed it. Serialized as ISO 8601 text: `2023-03-04T04:10:52`, with
+/// `.123456` when sub-second digits were printed, `Z`/`+01:00` when an offset was printed, and the truncated
+/// form `--03-04T04:10:52` when the log did not print a year (classic syslog).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WallTime {
+    pub year: Option<i32>,
+    pub month: u8,
+    pub day: u8,
+    pub hour: u8,
+    pub minute: u8,
+    pub second: u8,
+    /// Microseconds, when the log printed them.
+    pub micros: Option<u32>,
+    /// Offset from UTC in minutes, when the log printed one.
+    pub offset_minutes: Option<i32>,
+}
+
+/// Year used for calendar arithmetic when the log has none: a leap year, so that 29 February stays valid.
+const YEARLESS: i32 = 2000;
+
+impl WallTime {
+    /// Validates the fields; `None` for impossible dates and times.
+    pub fn new(
+        year: Option<i32>,
+        month: u8,
+        day: u8,
+        hour: u8,
+        minute: u8,
+        second: u8,
+    ) -> Option<WallTime> {
+        let y = year.unwrap_or(YEARLESS);
+        if !(1..=12).contains(&month)
+            || day == 0
+            || day > days_in_month(y, month)
+            || hour > 23
+            || minute > 59
+            || second > 60
+            || !(0..=9999).contains(&y)
+        {
+            return None;
+        }
+        Some(WallTime {
+            year,
+            month,
+            day,
+            hour,
+            minute,
+            second,
+            micros: None,
+            offset_minutes: None,
+        })
+    }
+
+    /// Seconds since 1970-01-01 of this time read as if it were UTC (offset ignored); the basis of arithmetic.
+    fn naive_seconds(&self) -> i64 {
+        let days = days_from_civil(self.year.unwrap_or(YEARLESS), self.month, self.day);
+        days * 86_400
+            + i64::from(self.hour) * 3600
+            + i64::from(self.minute) * 60
+            + i64::from(self.second.min(59))
+    }
+
+    fn from_naive_seconds(secs: i64, template: &WallTime) -> WallTime {
+        let days = secs.div_euclid(86_400);
+        let rem = secs.rem_euclid(86_400);
+        let (y, m, d) = civil_from_days(days);
+        WallTime {
+            year: template.year.map(|_| y),
+            month: m,
+            day: d,
+            hour: (rem / 3600) as u8,
+            minute: (rem % 3600 / 60) as u8,
+            second: (rem % 60) as u8,
+            micros: template.micros,
+            offset_minutes: template.offset_minutes,
+        }
+    }
+
+    pub fn minus_secs(&self, secs: u64) -> WallTime {
+        let secs = i64::try_from(secs).unwrap_or(i64::MAX / 2);
+        WallTime::from_naive_seconds(self.naive_seconds().saturating_sub(secs), self)
+    }
+
+    /// UTC civil time of a Unix timestamp; `None` outside years 0..=9999.
+    pub fn from_unix_utc(unix_s: f64) -> Option<WallTime> {
+        if !unix_s.is_finite() || !(-62_000_000_000.0..=253_000_000_000.0).contains(&unix_s) {
+            return None;
+        }
+        let whole = unix_s.floor() as i64;
+        let micros = ((unix_s - whole as f64) * 1e6).round().min(999_999.0) as u32;
+        let template = WallTime {
+            year: Some(1970),
+            month: 1,
+            day: 1,
+            hour: 0,
+            minute: 0,
+            second: 0,
+            micros: Some(micros),
+            offset_minutes: Some(0),
+        };
+        Some(WallTime::from_naive_seconds(whole, &template))
+    }
+
+    /// Orders two times by their printed fields; a missing year takes the other's year.
+    pub fn cmp_fields(&self, other: &WallTime) -> Ordering {
+        let year_a = self.year.or(other.year).unwrap_or(YEARLESS);
+        let year_b = other.year.or(self.year).unwrap_or(YEARLESS);
+        (
+            year_a,
+            self.month,
+            self.day,
+            self.hour,
+            self.minute,
+            self.second,
+            self.micros.unwrap_or(0),
+        )
+            .cmp(&(
+                year_b,
+                other.month,
+                other.day,
+                other.hour,
+                other.minute,
+                other.second,
+                other.micros.unwrap_or(0),
+            ))
+    }
+
+    pub fn same_day(&self, other: &WallTime) -> bool {
+        self.month == other.month
+            && self.day == other.day
+            && (self.year.is_none() || other.year.is_none() || self.year == other.year)
+    }
+
+    /// `04:10:52`
+    pub fn clock(&self) -> String {
+        format!("{:02}:{:02}:{:02}", self.hour, self.minute, self.second)
+    }
+
+    /// `2023-03-04` (or `03-04` without a year).
+    pub fn date(&self) -> String {
+        match self.year {
+            Some(y) => format!("{y:04}-{:02}-{:02}", self.month, self.day),
+            None => format!("{:02}-{:02}", self.month, self.day),
+        }
+    }
+
+    /// `04:10:52` when on the same day as `reference`, else `2023-03-02 15:57:56`; `UTC` appended for UTC times.
+    pub fn human(&self, reference: Option<&WallTime>) -> String {
+        let mut text = match reference {
+            Some(r) if self.same_day(r) => self.clock(),
+            _ => format!("{} {}", self.date(), self.clock()),
+        };
+        if self.offset_minutes == Some(0) {
+            text.push_str(" UTC");
+        }
+        text
+    }
+}
+
+impl fmt::Display for WallTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.year {
+            Some(y) => write!(f, "{y:04}-")?,
+            None => f.write_str("--")?,
+        }
+        write!(
+            f,
+            "{:02}-{:02}T{:02}:{:02}:{:02}",
+            self.month, self.day, self.hour, self.minute, self.second
+        )?;
+        if let Some(us) = self.micros {
+            write!(f, ".{us:06}")?;
+        }
+        match self.offset_minutes {
+            Some(0) => f.write_str("Z"),
+            Some(off) => {
+                let sign = if off < 0 { '-' } else { '+' };
+                write!(f, "{sign}{:02}:{:02}", off.abs() / 60, off.abs() % 60)
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+/// Why a text is not a wall-clock time in our ISO form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a date and time like 2023-03-04T04:10:52: {text:?}")]
+pub struct WallTimeParseError {
+    pub text: String,
+}
+
+impl FromStr for WallTime {
+    type Err = WallTimeParseError;
+
+    /// Reads what `Display` writes, and also `2023-03-04 04:10[:52]`, `,` as decimal separator and `+0100`
+    /// offsets (journalctl), so that users can type `--since` values.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_iso(s.trim())
+            .and_then(|(w, rest)| rest.is_empty().then_some(w))
+            .ok_or_else(|| WallTimeParseError {
+                text: s.to_string(),
+            })
+    }
+}
+
+impl Serialize for WallTime {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for WallTime {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parses an ISO 8601 date-time at the start of `s`; returns it and the unparsed rest.
+/// Accepts `T` or one space between date and time, optional seconds, `.`/`,` fractions, `Z`, `+hh:mm`, `+hhmm`,
+/// and the yearless `--MM-DD` form.
+pub(crate) fn parse_iso(s: &str) -> Option<(WallTime, &str)> {
+    let b = s.as_bytes();
+    let (year, mut i) = if b.starts_with(b"--") {
+        (None, 2)
+    } else if b.get(4) == Some(&b'-') {
+        (Some(digits(b, 0, 4)? as i32), 5)
+    } else {
+        return None;
+    };
+    let month = digits(b, i, 2)? as u8;
+    if b.get(i + 2) != Some(&b'-') {
+        return None;
+    }
+    i += 3;
+    let day = digits(b, i, 2)? as u8;
+    i += 2;
+    if !matches!(b.get(i), Some(b'T') | Some(b' ')) {
+        return None;
+    }
+    i += 1;
+    let hour = digits(b, i, 2)? as u8;
+    if b.get(i + 2) != Some(&b':') {
+        return None;
+    }
+    i += 3;
+    let minute = digits(b, i, 2)? as u8;
+    i += 2;
+    let mut second = 0;
+    if b.get(i) == Some(&b':') {
+        second = digits(b, i + 1, 2)? as u8;
+        i += 3;
+    }
+    let mut wall = WallTime::new(year, month, day, hour, minute, second)?;
+    if matches!(b.get(i), Some(b'.') | Some(b',')) && b.get(i + 1).is_some_and(u8::is_ascii_digit) {
+        i += 1;
+        let start = i;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        let frac = &s[start..i];
+        let mut micros: u32 = 0;
+        for (n, c) in frac.bytes().take(6).enumerate() {
+            micros += u32::from(c - b'0') * 10u32.pow(5 - n as u32);
+        }
+        wall.micros = Some(micros);
+    }
+    match b.get(i) {
+        Some(b'Z') => {
+            wall.offset_minutes = Some(0);
+            i += 1;
+        }
+        Some(&sign @ (b'+' | b'-')) => {
+            let hh = digits(b, i + 1, 2)?;
+            let (mm, len) = if b.get(i + 3) == Some(&b':') {
+                (digits(b, i + 4, 2)?, 6)
+            } else {
+                (digits(b, i + 3, 2)?, 5)
+            };
+            let off = (hh * 60 + mm) as i32;
+            wall.offset_minutes = Some(if sign == b'-' { -off } else { off });
+            i += len;
+        }
+        _ => {}
+    }
+    Some((wall, &s[i..]))
+}
+
+/// `len` ASCII digits at `at`, as a number.
+fn digits(b: &[u8], at: usize, len: usize) -> Option<u32> {
+    let slice = b.get(at..at + len)?;
+    slice.iter().try_fold(0u32, |acc, c| {
+        c.is_ascii_digit().then(|| acc * 10 + u32::from(c - b'0'))
+    })
+}
+
+/// Month number of an English three-letter abbreviation.
+pub(crate) fn month_from_abbrev(s: &str) -> Option<u8> {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    MONTHS.iter().position(|m| *m == s).map(|p| p as u8 + 1)
+}
+
+fn is_leap(y: i32) -> bool {
+    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+}
+
+fn days_in_month(y: i32, m: u8) -> u8 {
+    match m {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if is_leap(y) => 29,
+        2 => 28,
+        _ => 0,
+    }
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i32, m: u8, d: u8) -> i64 {
+    let y = i64::from(y) - i64::from(m <= 2);
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn civil_from_days(z: i64) -> (i32, u8, u8) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u8;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u8;
+    ((y + i64::from(m <= 2)) as i32, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wall(s: &str) -> WallTime {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn subtracting_crosses_midnight_and_month_ends() {
+        assert_eq!(
+            wall("2023-03-04T04:10:52").minus_secs(120).to_string(),
+            "2023-03-04T04:08:52"
+        );
+        assert_eq!(
+            wall("2023-03-01T00:01:00").minus_secs(120).to_string(),
+            "2023-02-28T23:59:00"
+        );
+        assert_eq!(
+            wall("2024-03-01T00:01:00").minus_secs(120).to_string(),
+            "2024-02-29T23:59:00"
+        );
+        assert_eq!(
+            wall("--01-01T00:00:30").minus_secs(60).to_string(),
+            "--12-31T23:59:30"
+        );
+    }
+
+    #[test]
+    fn iso_forms_round_trip() {
+        for text in [
+            "2023-03-04T04:10:52",
+            "2023-03-04T04:10:52.123456+01:00",
+            "--06-26T12:23:15",
+            "2023-03-04T04:10:52Z",
+        ] {
+            assert_eq!(wall(text).to_string(), text);
+        }
+        assert_eq!(wall("2023-03-04 04:10").to_string(), "2023-03-04T04:10:00");
+        assert_eq!(
+            wall("2023-03-04T04:10:52,5+0100").to_string(),
+            "2023-03-04T04:10:52.500000+01:00"
+        );
+        assert!("2023-02-30T00:00:00".parse::<WallTime>().is_err());
+        assert!("2023-03-04T04:10:52 trailing".parse::<WallTime>().is_err());
+    }
+
+    #[test]
+    fn unix_time_converts_to_utc() {
+        assert_eq!(
+            WallTime::from_unix_utc(1_677_903_052.0)
+                .unwrap()
+                .to_string(),
+            "2023-03-04T04:10:52.000000Z"
+        );
+        assert_eq!(
+            WallTime::from_unix_utc(-1.0).unwrap().to_string(),
+            "1969-12-31T23:59:59.000000Z"
+        );
+    }
+
+    #[test]
+    fn yearless_times_compare_with_the_other_year() {
+        assert_eq!(
+            wall("--03-04T04:10:52").cmp_fields(&wall("2023-03-04T04:00:00")),
+            Ordering::Greater
+        );
+        assert_eq!(
+            wall("2023-03-04T04:10:52").cmp_fields(&wall("2023-03-04T04:10:52")),
+            Ordering::Equal
+        );
+    }
+
+    #[test]
+    fn human_time_omits_the_date_on_the_reference_day() {
+        let t = wall("2023-03-04T04:08:52");
+        assert_eq!(t.human(Some(&wall("2023-03-04T04:27:15"))), "04:08:52");
+        assert_eq!(
+            t.human(Some(&wall("2023-03-05T00:00:00"))),
+            "2023-03-04 04:08:52"
+        );
+        assert_eq!(t.human(None), "2023-03-04 04:08:52");
+    }
+}
