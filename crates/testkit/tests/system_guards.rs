@@ -195,15 +195,22 @@ fn a_rank_that_exits_leaves_its_peers_waiting_in_the_barrier() {
         status.is_some()
     });
     assert_eq!(status.and_then(|s| s.code()), Some(3));
-    let before = (ranks.last_step(0), ranks.last_step(1));
+    ranks.wait_for_step(0, 1, STEP_TIMEOUT).unwrap();
+    ranks.wait_for_step(1, 1, STEP_TIMEOUT).unwrap();
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         (ranks.last_step(0), ranks.last_step(1)),
-        before,
+        (Some(1), Some(1)),
         "peers advanced without rank 2"
     );
-    assert_eq!(before, (Some(1), Some(1)));
-    assert_eq!(process_state(ranks.pid(0)), Some('S'));
+    let pid = ranks.pid(0);
+    assert!(
+        wait_until(Duration::from_secs(2), Duration::from_millis(10), || {
+            process_state(pid) == Some('S')
+        }),
+        "rank 0 waits asleep in the barrier, not {:?}",
+        process_state(pid)
+    );
 }
 
 #[test]
@@ -260,6 +267,7 @@ fn a_rank_logging_to_a_frozen_mount_blocks_in_write_while_peers_wait() {
         syscall.starts_with("1 "),
         "rank 0 should be in write (nr 1 on x86_64): {syscall}"
     );
+    std::thread::sleep(Duration::from_millis(300));
     let stuck_at = ranks.last_step(1);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
@@ -313,12 +321,20 @@ fn mmap_stall_makes_reads_of_the_rank_memory_map_block() {
 }
 
 #[test]
-fn the_watchdog_thaws_and_unmounts_when_the_test_process_is_killed() {
+fn watchdogs_thaw_resume_and_unmount_when_the_test_process_is_killed() {
     use std::io::BufRead;
-    if std::env::var_os("TESTKIT_VICTIM").is_some() {
+    const NAME: &str = "watchdogs_thaw_resume_and_unmount_when_the_test_process_is_killed";
+    if let Some(backing) = std::env::var_os("TESTKIT_VICTIM_BACKING") {
         let fs = require!(LoopExt4::new(16));
         let _frozen = fs.freeze().unwrap();
-        println!("VICTIM_MOUNT {}", fs.path().display());
+        let fuse = require!(FuseMount::new(Path::new(&backing)));
+        let _stopped = fuse.stop_daemon().unwrap();
+        println!(
+            "VICTIM {} {} {}",
+            fs.path().display(),
+            fuse.path().display(),
+            fuse.daemon_pid()
+        );
         std::thread::sleep(Duration::from_secs(60));
         return;
     }
@@ -326,35 +342,37 @@ fn the_watchdog_thaws_and_unmounts_when_the_test_process_is_killed() {
         eprintln!("SKIPPED: {reason}");
         return;
     }
+    let backing = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "the_watchdog_thaws_and_unmounts_when_the_test_process_is_killed",
-        "--nocapture",
-    ])
-    .env("TESTKIT_VICTIM", "1")
-    .stdout(std::process::Stdio::piped());
+    cmd.args(["--exact", NAME, "--nocapture"])
+        .env("TESTKIT_VICTIM_BACKING", backing.path())
+        .stdout(std::process::Stdio::piped());
     let mut victim = ChildGuard::spawn(&mut cmd, "victim test process").unwrap();
     let stdout = victim.child_mut().stdout.take().unwrap();
-    let mount = std::io::BufReader::new(stdout)
+    let line = std::io::BufReader::new(stdout)
         .lines()
         .map_while(Result::ok)
-        .find_map(|line| line.strip_prefix("VICTIM_MOUNT ").map(PathBuf::from))
-        .expect("the victim reports its frozen mount");
-    assert!(is_mount_point(&mount));
+        .find_map(|line| line.strip_prefix("VICTIM ").map(str::to_string))
+        .expect("the victim reports its mounts");
+    let fields: Vec<&str> = line.split(' ').collect();
+    let (ext4, fuse, daemon) = (
+        PathBuf::from(fields[0]),
+        PathBuf::from(fields[1]),
+        fields[2].parse::<u32>().unwrap(),
+    );
+    assert!(is_mount_point(&ext4) && is_mount_point(&fuse));
+    assert_eq!(process_state(daemon), Some('T'));
 
     victim.signal(nix::sys::signal::Signal::SIGKILL).unwrap();
     let started = Instant::now();
     assert!(
         wait_until(Duration::from_secs(15), Duration::from_millis(20), || {
-            !is_mount_point(&mount)
+            !is_mount_point(&ext4) && !is_mount_point(&fuse) && is_dead(daemon)
         }),
-        "{} still mounted after its test process was killed",
-        mount.display()
+        "after the test process was killed: ext4 mounted {}, FUSE mounted {}, bindfs {daemon} state {:?}",
+        is_mount_point(&ext4),
+        is_mount_point(&fuse),
+        process_state(daemon)
     );
-    println!(
-        "watchdog cleaned up {} in {:?}",
-        mount.display(),
-        started.elapsed()
-    );
+    println!("watchdogs cleaned up in {:?}", started.elapsed());
 }
