@@ -201,6 +201,11 @@ def parse_args():
     p.add_argument("--after", type=int, default=0, help="steps before misbehaving (spin, lock, exit)")
     p.add_argument("--mmap-file", help="file to map (mmap_stall)")
     p.add_argument("--trigger-file", help="start the mmap stall when this file appears (mmap_stall)")
+    p.add_argument("--only-rank", type=int,
+                   help="apply --log, --behaviour and --pause to this rank only (when every rank gets the same "
+                        "arguments, as under `hangwatch run --nproc N`)")
+    p.add_argument("--pause", metavar="STEP:SECONDS",
+                   help="sleep SECONDS before step STEP (an irregular step: a checkpoint or an eval)")
     return p.parse_args()
 
 
@@ -210,6 +215,9 @@ def main():
     world_size = int(os.environ["WORLD_SIZE"])
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ["MASTER_PORT"])
+    if args.only_rank is not None and args.only_rank != rank:
+        args.log, args.behaviour, args.pause = None, "barrier", None
+    pause_step, pause_s = (int(args.pause.split(":")[0]), float(args.pause.split(":")[1])) if args.pause else (-1, 0)
 
     if rank == 0:
         listener = socket.create_server((addr, port), backlog=world_size)
@@ -238,6 +246,8 @@ def main():
             elif args.behaviour == "exit":
                 say("exiting with code 3")
                 os._exit(3)
+        if step == pause_step:
+            time.sleep(pause_s)
         work(args.step_time)
         if log:
             write_log(log, rank, step)

@@ -173,8 +173,8 @@ pub fn verdict_text(v: &Verdict) -> String {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "{:<6} {:<8} {:<5} {:<40} {:<10} {:<24} {}",
-            "RANK", "PID", "STATE", "WHERE", "SYSCALL", "WCHAN", "FILE"
+            "{:<6} {:<8} {:<5} {:<40} {:<10} {:<24} FILE",
+            "RANK", "PID", "STATE", "WHERE", "SYSCALL", "WCHAN"
         );
         for r in &v.ranks {
             let _ = writeln!(

@@ -23,7 +23,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             ))
         }
     };
-    if !seconds.is_finite() || seconds < 0.0 || seconds > 1.0e9 {
+    if !seconds.is_finite() || !(0.0..=1.0e9).contains(&seconds) {
         return Err(format!("`{text}` is out of range"));
     }
     Ok(Duration::from_secs_f64(seconds))

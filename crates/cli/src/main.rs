@@ -4,7 +4,6 @@ mod commands;
 mod duration;
 mod exit;
 mod output;
-mod render;
 
 use std::process::ExitCode;
 

@@ -38,7 +38,7 @@ pub struct Position {
     pub filesystem_wait: bool,
 }
 
-/// Kernel wait channels that mean "waiting for a filesystem or the block layer to answer".
+/// Kernel function-name prefixes that mean "waiting for a filesystem or the block layer to answer".
 const FILESYSTEM_WAITS: &[&str] = &[
     "request_wait_answer",
     "fuse_",
@@ -58,7 +58,7 @@ const FILESYSTEM_WAITS: &[&str] = &[
     "ll_",
     "ptlrpc_",
     "cl_sync_io_wait",
-    "gpfs",
+    "gpfs_",
     "mmfs",
     "cxiWaitEvent",
     "ceph_",
@@ -66,6 +66,15 @@ const FILESYSTEM_WAITS: &[&str] = &[
     "blk_mq_",
     "wait_on_bit",
 ];
+
+/// A kernel function (wchan or stack frame) of a filesystem wait: by name prefix, or by a filesystem module tag
+/// (`[mmfs26]`, `[lustre]`, `[nfs]`, `[fuse]`).
+fn is_filesystem_function(name: &str) -> bool {
+    const MODULES: &[&str] = &[
+        "[mmfs", "[lustre]", "[ptlrpc]", "[nfs]", "[nfsv4]", "[sunrpc]", "[fuse]", "[ceph]",
+    ];
+    FILESYSTEM_WAITS.iter().any(|p| name.starts_with(p)) || MODULES.iter().any(|m| name.contains(m))
+}
 
 /// Thread-state letters for a stopped thread.
 fn is_stopped(state: char) -> bool {
@@ -119,10 +128,7 @@ fn syscall_name(thread: &ThreadObservation) -> Option<String> {
 /// Whether the thread waits for a filesystem: D state that has not run, or an S wait whose wait channel or
 /// system call file says "filesystem".
 fn waits_on_filesystem(thread: &ThreadObservation) -> bool {
-    let fs_wchan = thread
-        .wchan
-        .as_deref()
-        .is_some_and(|w| FILESYSTEM_WAITS.iter().any(|f| w.contains(f)));
+    let fs_wchan = thread.wchan.as_deref().is_some_and(is_filesystem_function);
     let fs_file = syscall_file(thread).is_some_and(is_filesystem_file);
     let fs_stack = thread.kernel_stack.as_ref().is_some_and(|s| {
         s.iter()
@@ -351,6 +357,21 @@ mod tests {
             meaningful_frame(&frames).as_deref(),
             Some("write_log (rank.py)")
         );
+    }
+
+    #[test]
+    fn filesystem_waits_match_by_prefix_not_substring() {
+        assert!(is_filesystem_function("request_wait_answer"));
+        assert!(is_filesystem_function("percpu_rwsem_wait"));
+        assert!(is_filesystem_function(
+            "cxiWaitEventWait+0x1d0/0x2c0 [mmfslinux]"
+        ));
+        assert!(
+            !is_filesystem_function("poll_schedule_timeout.constprop.0"),
+            "`ll_` is Lustre only as a prefix"
+        );
+        assert!(!is_filesystem_function("do_wait"));
+        assert!(!is_filesystem_function("futex_wait_queue"));
     }
 
     #[test]

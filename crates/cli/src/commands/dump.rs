@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
 use hangwatch_inspect::rollcall::{hostname, is_python, take_roll_call, RollCallOptions};
 use hangwatch_proc::ProcFs;
@@ -70,7 +71,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
         crate::output::print_json(&rollcall.verdict)?;
     } else {
-        print!("{}", crate::render::verdict_text(&rollcall.verdict));
+        print!(
+            "{}",
+            hangwatch_agent::render::verdict_text(&rollcall.verdict)
+        );
         eprintln!(
             "(roll call of {} processes in {})",
             pids.len(),
@@ -140,8 +144,25 @@ fn ranks_among(pids: &[i32]) -> Vec<i32> {
         .collect()
 }
 
-/// Probes each mount in a sacrificial child, all at once, each under `timeout`.
+/// Probes each mount in a sacrificial child, different mounts in parallel, each under `timeout`.
 fn probe_mounts(mounts: &[String], timeout: Duration) -> Vec<hangwatch_model::ProbeResult> {
-    let _ = (mounts, timeout);
-    Vec::new()
+    let mut prober = match Prober::new() {
+        Ok(prober) => prober,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot probe filesystems");
+            return Vec::new();
+        }
+    };
+    let options = ProbeOptions {
+        timeout,
+        write: true,
+    };
+    prober
+        .probe_all(mounts, &options)
+        .into_iter()
+        .filter_map(|r| {
+            r.map_err(|e| tracing::warn!(error = %e, "probe failed"))
+                .ok()
+        })
+        .collect()
 }

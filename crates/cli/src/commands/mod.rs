@@ -3,6 +3,7 @@
 pub mod dump;
 pub mod inspect_child;
 pub mod kmsg;
+pub mod log_sink;
 pub mod not_yet;
 pub mod probe;
 pub mod run;

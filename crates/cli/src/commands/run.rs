@@ -1,10 +1,273 @@
-//! `hangwatch run`.
+//! `hangwatch run`: run the job, watch it, and on a hang say why, keep the evidence and end it (exit 75).
 
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use hangwatch_agent::alert::{parse_webhook, AlertConfig};
+use hangwatch_agent::launch::{check_program, LaunchSpec};
+use hangwatch_agent::supervise::{run as supervise, OnHang, RunConfig};
+use hangwatch_diagnosis::DetectorConfig;
+
+use crate::duration::parse_duration;
+use crate::exit::usage;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Action {
+    /// Roll call, evidence and alert; never kill.
+    Observe,
+    /// ... then end the job: SIGTERM, grace, SIGKILL; exit 75.
+    Abort,
+}
+
+/// Run CMD as the job and watch it.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+#[command(after_help = "\
+Examples:
+  hangwatch run --nproc 8 -- python train.py        8 local ranks with torchrun's RANK/LOCAL_RANK/WORLD_SIZE/...
+  hangwatch run -- torchrun --nproc-per-node 8 train.py   the launcher's Python descendants with RANK are the ranks
+  hangwatch run --stall-after 5m --action observe -- python train.py
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    Err(crate::exit::usage("`hangwatch run` is not implemented yet"))
+Exit code: the job's own when it ends by itself (128+N when killed by signal N); 75 when hangwatch ended a hung
+job (retryable); 2 for usage errors; 1 for hangwatch's own failures.")]
+pub struct Args {
+    /// Start N local ranks with torchrun-style environment. Without it, CMD is one process tree.
+    #[arg(long)]
+    nproc: Option<u32>,
+    /// Multi-node coordinator address (HOST:PORT).
+    #[arg(long)]
+    coordinator: Option<String>,
+    /// A fixed stall threshold (e.g. 30s, 5m). Default: learned from the job's step intervals.
+    #[arg(long, value_parser = parse_duration)]
+    stall_after: Option<Duration>,
+    /// What to do about a hang.
+    #[arg(long, value_enum, default_value = "abort")]
+    action: Action,
+    /// Also write every line of the job's output here (written so that a frozen filesystem never blocks the job).
+    #[arg(long)]
+    log_file: Option<PathBuf>,
+    /// Evidence and the run's files go here; must be node-local [default: /var/tmp/hangwatch/run-<time>-<pid>].
+    #[arg(long)]
+    report_dir: Option<PathBuf>,
+    /// POST the verdict JSON to this http:// URL on a hang.
+    #[arg(long)]
+    webhook: Option<String>,
+    /// Run this shell command on a hang, with the verdict JSON on stdin.
+    #[arg(long)]
+    alert_command: Option<String>,
+    /// Print the verdict (or a run summary) as one JSON document on stdout; the job's output goes to stderr.
+    #[arg(long)]
+    json: bool,
+    /// Time between SIGTERM and SIGKILL when ending the job.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    grace: Duration,
+    /// Learned thresholds never go below this.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    min_stall: Duration,
+    /// Learned thresholds never go above this (also the limit for a phase seen for the first time).
+    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    max_stall: Duration,
+    /// Do not prefix output lines with `[rank N]`.
+    #[arg(long)]
+    no_prefix: bool,
+    /// Do not mirror the job's output on the console (it still goes to the log file).
+    #[arg(long)]
+    quiet: bool,
+    /// Number of nodes (torchrun's --nnodes; default from SLURM_NNODES, else 1).
+    #[arg(long, env = "SLURM_NNODES", default_value = "1")]
+    nnodes: u32,
+    /// This node's rank (default from SLURM_NODEID, else 0).
+    #[arg(long, env = "SLURM_NODEID", default_value = "0")]
+    node_rank: u32,
+    /// MASTER_ADDR for the ranks.
+    #[arg(long, default_value = "127.0.0.1")]
+    master_addr: String,
+    /// MASTER_PORT for the ranks [default: a free port].
+    #[arg(long)]
+    master_port: Option<u16>,
+    /// The job: a command and its arguments, after `--`.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required = true,
+        value_name = "CMD"
+    )]
+    command: Vec<OsString>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.coordinator.is_some() {
+        return Err(usage(
+            "--coordinator (multi-node) is not implemented yet in this version: run one `hangwatch run` per node without it",
+        ));
+    }
+    if args.nproc == Some(0) {
+        return Err(usage("--nproc must be at least 1"));
+    }
+    if args.node_rank >= args.nnodes {
+        return Err(usage(format!(
+            "--node-rank {} is not below --nnodes {}",
+            args.node_rank, args.nnodes
+        )));
+    }
+    if args.min_stall > args.max_stall {
+        return Err(usage("--min-stall is above --max-stall"));
+    }
+    let program = args
+        .command
+        .first()
+        .ok_or_else(|| usage("no command to run: put it after `--`"))?;
+    check_program(program).map_err(|e| usage(format!("cannot run the job: {e}")))?;
+    if let Some(url) = &args.webhook {
+        parse_webhook(url).map_err(usage)?;
+    }
+    let report_dir = args.report_dir.clone().unwrap_or_else(default_report_dir);
+    warn_if_shared(&report_dir);
+
+    let sink = match &args.log_file {
+        Some(path) => Some(crate::commands::log_sink::open(path, &report_dir)?),
+        None => Some(crate::commands::log_sink::open(
+            &report_dir.join("output.log"),
+            &report_dir,
+        )?),
+    };
+
+    let config = RunConfig {
+        launch: LaunchSpec {
+            command: args.command.clone(),
+            nproc: args.nproc,
+            socket: None,
+            nnodes: args.nnodes,
+            node_rank: args.node_rank,
+            master_addr: args.master_addr.clone(),
+            master_port: args.master_port,
+        },
+        detector: DetectorConfig {
+            fixed: args.stall_after,
+            floor: args.min_stall,
+            ceiling: args.max_stall,
+            ..DetectorConfig::default()
+        },
+        on_hang: match args.action {
+            Action::Observe => OnHang::Observe,
+            Action::Abort => OnHang::Abort,
+        },
+        grace: args.grace,
+        kill_wait: Duration::from_secs(3),
+        report_dir: report_dir.clone(),
+        console: (!args.quiet).then_some(args.json),
+        prefix: !args.no_prefix && args.nproc.is_some_and(|n| n > 1),
+        sink: sink.as_ref().map(|s| s.line_sink()),
+        tick: Duration::from_millis(100),
+        window: Duration::from_millis(300),
+        stack_timeout: Duration::from_secs(1),
+        probe_timeout: Duration::from_secs(2),
+        node: hangwatch_inspect::rollcall::hostname(),
+        alert: AlertConfig {
+            webhook: args.webhook.clone(),
+            command: args.alert_command.clone(),
+            timeout: Duration::from_secs(10),
+        },
+        failed_rank_grace: args
+            .stall_after
+            .map(|d| d / 2)
+            .unwrap_or(Duration::from_secs(30))
+            .min(Duration::from_secs(30)),
+    };
+    let outcome = supervise(config)?;
+    if let Some(sink) = sink {
+        sink.finish(Duration::from_secs(5));
+    }
+    if args.json {
+        match &outcome.verdict {
+            Some(verdict) => {
+                let mut doc = serde_json::to_value(verdict)?;
+                doc["exit_code"] = outcome.exit_code.into();
+                doc["report_dir"] = report_dir.display().to_string().into();
+                crate::output::print_json(&doc)?;
+            }
+            None => crate::output::print_json(&serde_json::json!({
+                "version": 1,
+                "hang": false,
+                "exit_code": outcome.exit_code,
+                "report_dir": report_dir.display().to_string(),
+            }))?,
+        }
+    }
+    if outcome.exit_code == hangwatch_agent::supervise::EXIT_HUNG {
+        eprintln!(
+            "hangwatch: the job hung and was ended (exit 75: retryable); evidence in {}",
+            report_dir.display()
+        );
+    }
+    Ok(ExitCode::from(
+        u8::try_from(outcome.exit_code.clamp(0, 255)).unwrap_or(1),
+    ))
+}
+
+fn default_report_dir() -> PathBuf {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    PathBuf::from("/var/tmp/hangwatch").join(format!(
+        "run-{}-{}",
+        utc_stamp(secs),
+        std::process::id()
+    ))
+}
+
+/// `20261129T214500Z` from seconds since the epoch.
+fn utc_stamp(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil-from-days (proleptic Gregorian), so no date library is needed for one file name.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Evidence must be node-local (SPEC promise 4): say so when the report directory is on a network filesystem.
+fn warn_if_shared(dir: &std::path::Path) {
+    let Ok(table) = hangwatch_proc::ProcFs::new("/proc").mountinfo(std::process::id() as i32)
+    else {
+        return;
+    };
+    let probe_path = dir.ancestors().find(|a| a.exists()).unwrap_or(dir);
+    if let Some(mount) = table.containing(&probe_path.to_string_lossy()) {
+        if hangwatch_agent::evidence::is_network_fstype(&mount.fstype) {
+            eprintln!(
+                "hangwatch: warning: the report directory {} is on {} ({}), a shared filesystem; evidence should be \
+                 node-local (use --report-dir /var/tmp/...)",
+                dir.display(),
+                mount.mount_point,
+                mount.fstype
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_stamp_is_a_calendar_date() {
+        assert_eq!(utc_stamp(0), "19700101T000000Z");
+        assert_eq!(utc_stamp(1_795_988_366), "20261129T215926Z");
+        assert_eq!(utc_stamp(951_782_400), "20000229T000000Z");
+    }
 }

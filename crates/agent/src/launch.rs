@@ -1,0 +1,206 @@
+//! Starting the job: N local ranks with torchrun's environment, or one command whose Python descendants are the
+//! ranks. Each process starts in its own process group so that hangwatch (not the terminal) decides who gets
+//! which signal, and every output stream is a pipe that hangwatch always drains.
+
+use std::ffi::OsString;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// The command and its arguments.
+    pub command: Vec<OsString>,
+    /// `Some(n)`: start n ranks; `None`: start the command once and find its ranks.
+    pub nproc: Option<u32>,
+    /// `HANGWATCH_SOCKET` for the ranks.
+    pub socket: Option<std::path::PathBuf>,
+    /// Multi-node placement (torchrun's names); single node: 1 node, rank 0.
+    pub nnodes: u32,
+    pub node_rank: u32,
+    pub master_addr: String,
+    pub master_port: Option<u16>,
+}
+
+/// One started process.
+#[derive(Debug)]
+pub struct Launched {
+    pub child: Child,
+    pub pid: i32,
+    /// Global rank (`--nproc` mode), `None` for a launcher command.
+    pub rank: Option<u32>,
+    pub stdout: Option<ChildStdout>,
+    pub stderr: Option<ChildStderr>,
+}
+
+/// Why the job could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("no command to run: put it after `--`, e.g. `hangwatch run -- python train.py`")]
+    NoCommand,
+    #[error("could not start `{program}`: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("could not find a free port for MASTER_PORT")]
+    Port(#[source] std::io::Error),
+}
+
+fn free_port() -> Result<u16, LaunchError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(LaunchError::Port)?;
+    Ok(listener.local_addr().map_err(LaunchError::Port)?.port())
+}
+
+/// The torchrun environment of one rank.
+pub fn rank_env(
+    spec: &LaunchSpec,
+    local_rank: u32,
+    nproc: u32,
+    master_port: u16,
+) -> Vec<(String, String)> {
+    let world = spec.nnodes * nproc;
+    let rank = spec.node_rank * nproc + local_rank;
+    vec![
+        ("RANK".into(), rank.to_string()),
+        ("LOCAL_RANK".into(), local_rank.to_string()),
+        ("WORLD_SIZE".into(), world.to_string()),
+        ("LOCAL_WORLD_SIZE".into(), nproc.to_string()),
+        ("GROUP_RANK".into(), spec.node_rank.to_string()),
+        ("NODE_RANK".into(), spec.node_rank.to_string()),
+        ("MASTER_ADDR".into(), spec.master_addr.clone()),
+        ("MASTER_PORT".into(), master_port.to_string()),
+    ]
+}
+
+fn base_command(spec: &LaunchSpec) -> Result<Command, LaunchError> {
+    let program = spec.command.first().ok_or(LaunchError::NoCommand)?;
+    let mut cmd = Command::new(program);
+    cmd.args(&spec.command[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if let Some(socket) = &spec.socket {
+        cmd.env("HANGWATCH_SOCKET", socket);
+    }
+    // Python buffers a pipe's output in 8 KiB blocks: lines would arrive late and in bursts, which hides progress
+    // and loses the last lines of a rank that is killed.
+    if std::env::var_os("PYTHONUNBUFFERED").is_none() {
+        cmd.env("PYTHONUNBUFFERED", "1");
+    }
+    Ok(cmd)
+}
+
+fn spawn(mut cmd: Command, rank: Option<u32>, program: &OsString) -> Result<Launched, LaunchError> {
+    let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+        program: program.to_string_lossy().into_owned(),
+        source,
+    })?;
+    let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+    Ok(Launched {
+        stdout: child.stdout.take(),
+        stderr: child.stderr.take(),
+        child,
+        pid,
+        rank,
+    })
+}
+
+/// Starts the job. On a failure part-way, the processes already started are killed (by process group).
+pub fn launch(spec: &LaunchSpec) -> Result<Vec<Launched>, LaunchError> {
+    let program = spec.command.first().ok_or(LaunchError::NoCommand)?.clone();
+    let Some(nproc) = spec.nproc else {
+        return Ok(vec![spawn(base_command(spec)?, None, &program)?]);
+    };
+    let master_port = match spec.master_port {
+        Some(p) => p,
+        None => free_port()?,
+    };
+    let mut started: Vec<Launched> = Vec::new();
+    for local_rank in 0..nproc {
+        let mut cmd = base_command(spec)?;
+        cmd.envs(rank_env(spec, local_rank, nproc, master_port));
+        match spawn(cmd, Some(spec.node_rank * nproc + local_rank), &program) {
+            Ok(l) => started.push(l),
+            Err(e) => {
+                for l in &mut started {
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::Pid::from_raw(l.pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                    let _ = l.child.wait();
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(started)
+}
+
+/// Whether `program` can be found and run, for a clear error before anything starts.
+pub fn check_program(program: &OsString) -> Result<(), String> {
+    let p = Path::new(program);
+    if p.components().count() > 1 {
+        return if p.is_file() {
+            Ok(())
+        } else {
+            Err(format!("`{}` does not exist", p.display()))
+        };
+    }
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(p).is_file()))
+        .unwrap_or(false);
+    if found {
+        Ok(())
+    } else {
+        Err(format!("`{}` is not on PATH", p.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(nnodes: u32, node_rank: u32) -> LaunchSpec {
+        LaunchSpec {
+            command: vec!["python3".into()],
+            nproc: Some(4),
+            socket: None,
+            nnodes,
+            node_rank,
+            master_addr: "10.0.0.1".into(),
+            master_port: None,
+        }
+    }
+
+    #[test]
+    fn global_rank_is_node_rank_times_nproc_plus_local_rank() {
+        let env = rank_env(&spec(2, 1), 3, 4, 29500);
+        let get = |k: &str| {
+            env.iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("RANK"), Some("7"));
+        assert_eq!(get("LOCAL_RANK"), Some("3"));
+        assert_eq!(get("WORLD_SIZE"), Some("8"));
+        assert_eq!(get("LOCAL_WORLD_SIZE"), Some("4"));
+        assert_eq!(get("MASTER_ADDR"), Some("10.0.0.1"));
+        assert_eq!(get("MASTER_PORT"), Some("29500"));
+    }
+
+    #[test]
+    fn missing_programs_are_named() {
+        assert!(check_program(&"sh".into()).is_ok());
+        assert!(check_program(&"no-such-program-hw".into())
+            .unwrap_err()
+            .contains("not on PATH"));
+        assert!(check_program(&"/no/such/file".into())
+            .unwrap_err()
+            .contains("does not exist"));
+    }
+}

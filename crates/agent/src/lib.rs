@@ -1,0 +1,13 @@
+//! The per-node agent (`hangwatch run`): launches or adopts the ranks, drains their output, receives heartbeats,
+//! detects the stall, takes the roll call, keeps the evidence, alerts and ends the job.
+
+pub mod alert;
+pub mod evidence;
+pub mod heartbeat;
+pub mod kernel_log;
+pub mod launch;
+pub mod output;
+pub mod render;
+pub mod supervise;
+pub mod terminate;
+pub mod wire;
