@@ -15,6 +15,9 @@ One rank can be told to misbehave (--behaviour), to reproduce the hangs hangwatc
               waits while holding the memory-area lock and munmap waits behind it holding the mmap lock, so every
               reader of this process's memory map (/proc/PID/cmdline, maps, process_vm_readv) blocks until the thaw.
 
+--only-rank R applies --log, --behaviour and --pause to rank R only, for launchers that give every rank the same
+arguments (`hangwatch run --nproc N`); --pause STEP:SECONDS sleeps before one step (a checkpoint-like pause).
+
 Dependency-free on purpose. Exits by itself when the process that started it dies.
 """
 

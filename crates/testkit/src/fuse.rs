@@ -124,6 +124,7 @@ impl FuseMount {
         }
         let daemon_pid = daemon.pid();
         let mount_s = mount_point.to_string_lossy().into_owned();
+        let dir_s = dir.path().to_string_lossy().into_owned();
         let mut fs = FuseMount {
             shared: Arc::new(Shared {
                 mount_point,
@@ -136,8 +137,8 @@ impl FuseMount {
             _dir: dir,
         };
         fs.watchdog = Some(Watchdog::arm(
-            r#"kill -CONT "$2"; umount "$1" 2>/dev/null || fusermount3 -uz "$1" 2>/dev/null || fusermount -uz "$1" 2>/dev/null || umount -l "$1"; kill -KILL "$2""#,
-            &[&mount_s, &daemon_pid.to_string()],
+            r#"kill -CONT "$2"; umount "$1" 2>/dev/null || fusermount3 -uz "$1" 2>/dev/null || fusermount -uz "$1" 2>/dev/null || umount -l "$1"; kill -KILL "$2"; rm -f "$3/bindfs.log"; rmdir "$1" "$3""#,
+            &[&mount_s, &daemon_pid.to_string(), &dir_s],
         )?);
         Ok(fs)
     }
