@@ -37,7 +37,7 @@ enum Command {
     /// What on this machine would make a hang silent or hangwatch blind.
     Doctor(commands::not_yet::Args),
     /// The seed incident on this machine: a rank logging to a filesystem that freezes.
-    Demo(commands::not_yet::Args),
+    Demo(commands::demo::Args),
     /// Render an evidence bundle for people.
     Report(commands::not_yet::Args),
     /// Internal: read Python stacks and environment of rank processes in a throwaway child (used by dump).
@@ -46,6 +46,9 @@ enum Command {
     /// Internal: probe one path in a throwaway child (used by probe).
     #[command(name = "__probe-child", hide = true)]
     ProbeChild(commands::probe::ChildArgs),
+    /// Internal: write log lines to their destination in a process the log sink can abandon.
+    #[command(name = "__log-writer", hide = true)]
+    LogWriter(commands::log_writer::Args),
 }
 
 fn main() -> ExitCode {
@@ -56,14 +59,15 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::run::run(args),
         Command::Dump(args) => commands::dump::run(args),
         Command::Kmsg(args) => commands::kmsg::run(args),
+        Command::Demo(args) => commands::demo::run(args),
         Command::Probe(args) => commands::probe::run(args),
         Command::Coordinator(args)
         | Command::History(args)
         | Command::Doctor(args)
-        | Command::Demo(args)
         | Command::Report(args) => commands::not_yet::run(name, args),
         Command::InspectChild(args) => commands::inspect_child::run(args),
         Command::ProbeChild(args) => commands::probe::run_child(args),
+        Command::LogWriter(args) => commands::log_writer::run(args),
     };
     exit::finish(result)
 }
@@ -81,5 +85,6 @@ fn command_name(command: &Command) -> &'static str {
         Command::Report(_) => "report",
         Command::InspectChild(_) => "__inspect-child",
         Command::ProbeChild(_) => "__probe-child",
+        Command::LogWriter(_) => "__log-writer",
     }
 }

@@ -1,9 +1,11 @@
 //! One module per subcommand.
 
+pub mod demo;
 pub mod dump;
 pub mod inspect_child;
 pub mod kmsg;
 pub mod log_sink;
+pub mod log_writer;
 pub mod not_yet;
 pub mod probe;
 pub mod run;
