@@ -148,3 +148,40 @@ fn live_kernel_log_read_once() {
         );
     }
 }
+
+#[test]
+fn following_prints_one_line_per_report() {
+    let out = stdout(&hangwatch(&["kmsg", "--kmsg-device", FIXTURE], None));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 10, "{out}");
+    assert_eq!(
+        lines[0],
+        "2023-03-02 15:59:56 hung task: pid 76609 (epilog.sh) blocked in stat() on GPFS (lookup) for more than 120 s; \
+         waits in cxiWaitEventWait [mmfslinux]"
+    );
+    assert_eq!(
+        lines[1],
+        "2023-03-04 04:10:52 hung task: pid 280058 (python) blocked in write() on GPFS for more than 120 s; \
+         write(fd 108, 2440 bytes), waits in cxiWaitEventWait [mmfslinux]"
+    );
+}
+
+#[test]
+fn following_with_json_prints_json_lines() {
+    let out = stdout(&hangwatch(
+        &["kmsg", "--json", "--kmsg-device", FIXTURE],
+        None,
+    ));
+    let events: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    assert_eq!(events.len(), 10);
+    let last = &events[9];
+    assert_eq!(last["version"], 1);
+    assert_eq!(last["event"], "hung_task");
+    assert_eq!(last["pid"], 280058);
+    assert_eq!(last["time"]["wall"], "2023-03-04T04:27:15");
+    assert_eq!(last["syscall"]["fd"], 108);
+    assert_eq!(last["filesystem"], "gpfs");
+}

@@ -26,6 +26,9 @@ pub struct Args {
     /// Without FILE: report what the kernel log holds now instead of following it.
     #[arg(long)]
     pub once: bool,
+    /// The live kernel log device (tests point it at a file, which ends the follow at its end).
+    #[arg(long, hide = true, default_value = kmsg::DEV_KMSG)]
+    pub kmsg_device: PathBuf,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -58,16 +61,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             print_report(&report, args.json)
         }
         None if args.once => {
-            let file = kmsg::open_kmsg(Path::new(kmsg::DEV_KMSG), true)?;
+            let file = kmsg::open_kmsg(&args.kmsg_device, true)?;
             let options = ReportOptions {
                 since,
                 boot_unix_s: kmsg::follow::boot_time_unix_s(),
             };
             let report = kmsg::report_from_reader(BufReader::new(file), &options)
-                .context("reading /dev/kmsg")?;
+                .with_context(|| format!("reading {}", args.kmsg_device.display()))?;
             print_report(&report, args.json)
         }
-        None => follow_live(since, args.json),
+        None => follow_live(&args.kmsg_device, since, args.json),
     }
 }
 
@@ -83,11 +86,11 @@ fn print_report(report: &kmsg::Report, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 /// One line per finished event on stdout; a closed stdout (`| head`) ends the follow quietly.
-fn follow_live(since: Option<Since>, json: bool) -> anyhow::Result<ExitCode> {
-    let file = kmsg::open_kmsg(Path::new(kmsg::DEV_KMSG), false)?;
+fn follow_live(device: &Path, since: Option<Since>, json: bool) -> anyhow::Result<ExitCode> {
+    let file = kmsg::open_kmsg(device, false)?;
     eprintln!(
         "hangwatch: following {} (buffered messages first); Ctrl-C to stop",
-        kmsg::DEV_KMSG
+        device.display()
     );
     let mut write_error = None;
     let summary = kmsg::follow(
