@@ -87,7 +87,10 @@ fn options(scratch: &Path, memory_limit: usize) -> LogSinkOptions {
 }
 
 fn healthy(scratch: &Path, pace: Pace, label: &str) {
-    let dest = scratch.join(format!("healthy-{label}.log"));
+    let dest = scratch.join(format!(
+        "healthy-{}.log",
+        label.replace(|c: char| !c.is_alphanumeric(), "-")
+    ));
     let sink = LogSink::open(&dest, options(scratch, 64 << 20)).expect("open sink");
     let lat = measure(&sink, pace);
     let report = sink.finish(Duration::from_secs(60));
