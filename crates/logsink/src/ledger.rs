@@ -87,6 +87,8 @@ pub struct Ledger<S> {
     spilled_encoded: u64,
     spilled_total: u64,
     spill_error: Option<String>,
+    /// The front queued line did not fit in the spill; set until lines are read back from it.
+    spill_full: bool,
     queued: VecDeque<Line>,
     queued_bytes: usize,
     dropped: u64,
@@ -111,6 +113,7 @@ impl<S: SpillStore> Ledger<S> {
             spilled_encoded: 0,
             spilled_total: 0,
             spill_error: None,
+            spill_full: false,
             queued: VecDeque::new(),
             queued_bytes: 0,
             dropped: 0,
@@ -159,6 +162,7 @@ impl<S: SpillStore> Ledger<S> {
 
     fn spill_has_room(&self, payload_len: usize) -> bool {
         self.spill_error.is_none()
+            && !self.spill_full
             && self.spilled_encoded + protocol::encoded_len(payload_len) as u64 <= self.limits.spill
     }
 
@@ -183,6 +187,7 @@ impl<S: SpillStore> Ledger<S> {
             };
             let encoded = protocol::encoded_len(front.bytes.len()) as u64;
             if self.spilled_encoded + batch_encoded + encoded > self.limits.spill {
+                self.spill_full = true;
                 break;
             }
             let Some(line) = self.queued.pop_front() else {
@@ -234,6 +239,7 @@ impl<S: SpillStore> Ledger<S> {
                         return;
                     }
                 };
+                self.spill_full = false;
                 for line in lines {
                     self.spilled -= 1;
                     self.spilled_bytes -= line.bytes.len() as u64;
@@ -572,6 +578,25 @@ mod tests {
         assert_eq!(rest.len(), 2, "{rest:?}");
         assert!(rest[0].contains("2 log line(s) dropped"), "{rest:?}");
         assert_eq!(rest[1], "after\n");
+    }
+
+    #[test]
+    fn small_lines_cannot_squeeze_past_a_full_spill() {
+        let mut l = ledger(
+            10,
+            (protocol::encoded_len(7) + protocol::encoded_len(2)) as u64,
+        );
+        l.accept(line(1));
+        l.accept(line(2));
+        l.rebalance();
+        assert_eq!(l.counts().spilled, 1);
+        for _ in 0..100 {
+            l.accept(b"x\n".to_vec());
+            l.rebalance();
+        }
+        let c = l.counts();
+        assert!(c.queued_bytes <= 10, "{c:?}");
+        assert_eq!(c.dropped, 99, "{c:?}");
     }
 
     #[test]

@@ -1068,3 +1068,73 @@ impl Feeder {
         p.writer_pid = self.writer.as_ref().map(Writer::pid);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> FinishReport {
+        FinishReport {
+            destination: "/shared/run/log.txt".into(),
+            pushed_lines: 10,
+            written_lines: 10,
+            dropped_lines: 0,
+            undelivered: None,
+            writer_error: None,
+            abandoned_writer_pid: None,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    fn undelivered(save_error: Option<&str>) -> Undelivered {
+        Undelivered {
+            lines: 7,
+            bytes: 70,
+            path: "/var/tmp/hw/log-undelivered.txt".into(),
+            saved_lines: if save_error.is_some() { 3 } else { 7 },
+            save_error: save_error.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn complete_report_has_nothing_to_say() {
+        assert!(report().is_complete());
+        assert_eq!(report().message(), None);
+    }
+
+    #[test]
+    fn frozen_destination_message_names_both_files() {
+        let r = FinishReport {
+            undelivered: Some(undelivered(None)),
+            ..report()
+        };
+        assert!(!r.is_complete());
+        assert_eq!(
+            r.message().unwrap(),
+            "7 lines could not be written to /shared/run/log.txt (its filesystem does not respond); \
+             they are in /var/tmp/hw/log-undelivered.txt"
+        );
+    }
+
+    #[test]
+    fn failing_writer_and_failed_save_and_drops_are_all_said() {
+        let r = FinishReport {
+            undelivered: Some(undelivered(Some("disk full"))),
+            writer_error: Some("No space left on device (os error 28)".into()),
+            dropped_lines: 2,
+            ..report()
+        };
+        let m = r.message().unwrap();
+        assert!(
+            m.contains("(the writer failed: No space left on device"),
+            "{m}"
+        );
+        assert!(
+            m.contains(
+                "saving them to /var/tmp/hw/log-undelivered.txt failed after 3 lines: disk full"
+            ),
+            "{m}"
+        );
+        assert!(m.contains("2 log lines were dropped"), "{m}");
+    }
+}
