@@ -623,14 +623,14 @@ impl Supervisor {
             .iter()
             .filter_map(|(p, r)| r.map(|r| (*p, r)))
             .collect();
-        let mut stacks = StackReadOptions::for_self().unwrap_or_else(|_| StackReadOptions {
-            program: PathBuf::from("hangwatch"),
-            per_pid_timeout: self.config.stack_timeout,
-            total_timeout: self.config.stack_timeout * 4,
-            parallelism: 2,
-        });
-        stacks.per_pid_timeout = self.config.stack_timeout;
-        stacks.total_timeout = self.config.stack_timeout * 4;
+        let stacks = StackReadOptions::for_self()
+            .unwrap_or_else(|_| StackReadOptions {
+                program: PathBuf::from("hangwatch"),
+                per_pid_timeout: self.config.stack_timeout,
+                total_timeout: self.config.stack_timeout,
+                parallelism: 2,
+            })
+            .with_timeouts(self.config.stack_timeout, pids.len());
         let options = RollCallOptions {
             window: self.config.window,
             read_stacks: true,

@@ -76,6 +76,17 @@ impl StackReadOptions {
     }
 }
 
+impl StackReadOptions {
+    /// Sets the per-pid timeout and a total that grows with the number of processes (a roll call of 1,000 ranks
+    /// on a busy node must not be cut short, and one of 4 must not wait long).
+    pub fn with_timeouts(mut self, per_pid: Duration, pids: usize) -> Self {
+        self.per_pid_timeout = per_pid;
+        let pids = u32::try_from(pids).unwrap_or(u32::MAX);
+        self.total_timeout = per_pid * 4 + Duration::from_millis(40).saturating_mul(pids);
+        self
+    }
+}
+
 /// The outcome of reading every pid: a report per pid (possibly with only errors), and the children that had to be
 /// abandoned (each may still be stuck in D state).
 #[derive(Debug, Default)]
@@ -149,13 +160,18 @@ fn read_in_children(pids: &[i32], options: &StackReadOptions, stacks: bool) -> S
             }
             if out_of_time || reader.idle_for() >= options.per_pid_timeout {
                 let waited = reader.idle_for();
+                let stuck_here = waited >= options.per_pid_timeout;
                 let (stuck, rest, child) = reader.abandon();
                 if let Some((pid, step)) = stuck {
-                    let why = format!(
-                        "{step} did not return within {} ms (the process's memory map is probably locked by a \
-                         thread stuck on a frozen filesystem)",
-                        waited.as_millis()
-                    );
+                    let why = if stuck_here {
+                        format!(
+                            "{step} did not return within {} ms (the process's memory map is probably locked by \
+                             a thread stuck on a frozen filesystem)",
+                            waited.as_millis()
+                        )
+                    } else {
+                        format!("{step} was cut short: the roll call ran out of time")
+                    };
                     outcome.reports.insert(pid, report_with_error(pid, why));
                 }
                 if out_of_time {
