@@ -125,6 +125,8 @@ pub struct DrainContext {
     pub tails: Arc<Tails>,
     /// Prefix each line with `[rank N] ` (like torchrun's `--tee` with rank labels).
     pub prefix: bool,
+    /// Streams not yet at EOF, so that the end of the job waits for its last lines.
+    pub open_streams: Arc<AtomicU64>,
 }
 
 /// Starts a thread that drains one stream until EOF.
@@ -138,7 +140,10 @@ pub fn drain<R: Read + Send + 'static>(
         "hw-drain-{}",
         rank.map(|r| r.to_string()).unwrap_or_else(|| "job".into())
     );
+    let open_streams = Arc::clone(&ctx.open_streams);
+    open_streams.fetch_add(1, Ordering::SeqCst);
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
+        let _closed = StreamClosed(Arc::clone(&ctx.open_streams));
         let label = rank
             .map(|r| format!("rank-{r}"))
             .unwrap_or_else(|| "job".into());
@@ -188,6 +193,16 @@ pub fn drain<R: Read + Send + 'static>(
         }
     });
     if let Err(e) = spawned {
+        open_streams.fetch_sub(1, Ordering::SeqCst);
         tracing::error!(error = %e, "cannot start a thread to drain a rank's output");
+    }
+}
+
+/// Counts a stream as closed when its drain thread ends, however it ends.
+struct StreamClosed(Arc<AtomicU64>);
+
+impl Drop for StreamClosed {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }

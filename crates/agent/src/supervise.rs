@@ -204,6 +204,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
     let kernel_log = KernelLog::follow();
     let console = config.console.map(Console::start);
     let tails = Arc::new(Tails::new(200));
+    let open_streams = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let start = Instant::now();
     let launched = launch(&launch_spec)?;
     let tree_mode = launch_spec.nproc.is_none();
@@ -213,6 +214,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         console: console.clone(),
         tails: Arc::clone(&tails),
         prefix: config.prefix,
+        open_streams: Arc::clone(&open_streams),
     };
     let mut procs = Vec::new();
     for Launched {
@@ -268,6 +270,18 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         env_checked: HashMap::new(),
     };
     let outcome = sup.run_loop(&rx);
+    // The last lines of a job that ended are still in its pipes: let the drain threads finish, briefly (a
+    // grandchild that keeps a pipe open must not hold hangwatch).
+    let linger = if outcome.exit_code == EXIT_HUNG {
+        // An unkillable rank keeps its pipe open forever: do not wait for it.
+        Duration::from_millis(300)
+    } else {
+        Duration::from_secs(2)
+    };
+    let until = Instant::now() + linger;
+    while open_streams.load(std::sync::atomic::Ordering::SeqCst) > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     signals.close();
     drop(socket);
     if let Some(console) = &sup.console {

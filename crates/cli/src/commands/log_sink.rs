@@ -1,35 +1,63 @@
-//! The job's log file for `run`: opens the non-blocking log sink and reports what could not be delivered.
+//! The job's log file for `run`: a [`LogSink`] (writes in an abandonable child, memory then node-local spill,
+//! ordered replay) behind the agent's [`LineSink`], and the closing report of what could not be delivered.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use hangwatch_agent::output::LineSink;
+use hangwatch_logsink::{LinePusher, LogSink, LogSinkOptions, OpenError};
 
 /// The open log destination.
 pub struct LogHandle {
-    sink: Option<Arc<dyn LineSink>>,
+    sink: LogSink,
 }
 
-struct Discard;
+struct Pusher(LinePusher);
 
-impl LineSink for Discard {
-    fn push(&self, _line: Vec<u8>) {}
+impl LineSink for Pusher {
+    fn push(&self, line: Vec<u8>) {
+        self.0.push_owned(line);
+    }
 }
 
 /// Opens `dest` for the job's output; spill files and undelivered lines go under `report_dir` (node-local).
 pub fn open(dest: &Path, report_dir: &Path) -> anyhow::Result<LogHandle> {
-    let _ = (dest, report_dir);
-    Ok(LogHandle { sink: None })
+    std::fs::create_dir_all(report_dir).with_context(|| {
+        format!(
+            "cannot create the report directory {}",
+            report_dir.display()
+        )
+    })?;
+    let options = LogSinkOptions {
+        spill_dir: report_dir.to_path_buf(),
+        undelivered_path: report_dir.join("log-undelivered.txt"),
+        ..LogSinkOptions::default()
+    };
+    match LogSink::open(dest, options) {
+        Ok(sink) => Ok(LogHandle { sink }),
+        Err(e @ OpenError::Destination { .. }) => Err(crate::exit::usage(format!(
+            "{e} (check --log-file: its directory must exist and be writable)"
+        ))),
+        Err(e) => Err(anyhow::Error::new(e)),
+    }
 }
 
 impl LogHandle {
     pub fn line_sink(&self) -> Arc<dyn LineSink> {
-        self.sink.clone().unwrap_or_else(|| Arc::new(Discard))
+        Arc::new(Pusher(self.sink.pusher()))
     }
 
     /// Waits up to `deadline` for every line to reach the destination; says where the rest went.
     pub fn finish(self, deadline: Duration) {
-        let _ = deadline;
+        let destination = self.sink.destination().to_path_buf();
+        let report = self.sink.finish(deadline);
+        match report.message() {
+            Some(message) => eprintln!("hangwatch: {message}"),
+            None => {
+                tracing::debug!(lines = report.written_lines, dest = %destination.display(), "log complete")
+            }
+        }
     }
 }
