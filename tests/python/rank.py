@@ -55,20 +55,40 @@ def exit_if_orphaned():
 
 # ---- the barrier: rank 0 serves it, every rank (rank 0 too) is a client ----
 
+_delivered = threading.Condition()
+_rounds_delivered = 0
+
+
 def serve_barrier(listener, world_size):
     """Accepts one connection per rank, then each round reads `arrive` from all of them and answers `go`."""
+    global _rounds_delivered
     conns = []
     while len(conns) < world_size:
         conn, _ = listener.accept()
         conns.append(conn.makefile("rwb", buffering=0))
-    while True:
-        for conn in conns:
-            line = conn.readline()
-            if not line:
-                # A rank is gone: like a real collective, the others are left waiting.
-                return
-        for conn in conns:
-            conn.write(b"go\n")
+    try:
+        while True:
+            for conn in conns:
+                line = conn.readline()
+                if not line:
+                    # A rank is gone: like a real collective, the others are left waiting.
+                    return
+            for conn in conns:
+                conn.write(b"go\n")
+            with _delivered:
+                _rounds_delivered += 1
+                _delivered.notify_all()
+    except ConnectionError:
+        return
+
+
+def wait_until_delivered(rounds):
+    """Rank 0 hosts the barrier: it may receive `go` before its peers do, so before it leaves (done, or exit) it
+    waits until every peer was told `go` for the `rounds` rounds it passed; otherwise they would wait forever."""
+    with _delivered:
+        while _rounds_delivered < rounds:
+            _delivered.wait(POLL_S)
+            exit_if_orphaned()
 
 
 def connect(addr, port, deadline_s=60):
@@ -86,20 +106,30 @@ def connect(addr, port, deadline_s=60):
 
 
 def barrier(sock, step):
-    """Waits until every rank has arrived at `step`; a lost peer leaves us waiting here, as NCCL would."""
-    sock.sendall(b"arrive %d\n" % step)
+    """Waits until every rank has arrived at `step`; a lost peer leaves us waiting here, as NCCL would.
+
+    The connection to the barrier server is lost when a peer is gone: closed, or reset when the server dropped
+    unread data. Either way this rank then waits here (in `barrier`, so its stack says where) until orphaned."""
+    lost = False
+    try:
+        sock.sendall(b"arrive %d\n" % step)
+    except ConnectionError:
+        lost = True
     received = b""
-    while not received.endswith(b"\n"):
+    while not lost and not received.endswith(b"\n"):
         try:
             chunk = sock.recv(16)
         except socket.timeout:
             exit_if_orphaned()
             continue
+        except ConnectionError:
+            chunk = b""
         if not chunk:
-            while True:
-                time.sleep(POLL_S)
-                exit_if_orphaned()
+            lost = True
         received += chunk
+    while lost:
+        time.sleep(POLL_S)
+        exit_if_orphaned()
 
 
 # ---- what a step does ----
@@ -247,6 +277,8 @@ def main():
                 say("deadlocking")
                 load_batch()
             elif args.behaviour == "exit":
+                if rank == 0:
+                    wait_until_delivered(step)
                 say("exiting with code 3")
                 os._exit(3)
         if step == pause_step:
@@ -257,6 +289,8 @@ def main():
         barrier(sock, step)
         say("step %d" % step)
         step += 1
+    if rank == 0:
+        wait_until_delivered(step)
     say("done")
 
 

@@ -1,0 +1,954 @@
+//! System tests of `hangwatch run` as a user runs it: real Python ranks (`tests/python/rank.py`), a really frozen
+//! loop-mounted ext4, real signals. Each test checks the exit code, the verdict and that nothing of the job is left
+//! alive; each cleans up after itself when it fails (thaw, then kill by pid what it started, then unmount).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hangwatch_testkit::{
+    free_tcp_port, is_dead, process_state, python, rank_script, require, send, wait_until,
+    wait_with_deadline, LoopExt4,
+};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+/// The fixed stall threshold of most tests: soft tier (roll call; act when conclusive) at half of it.
+const STALL_AFTER: &str = "4s";
+const STALL: Duration = Duration::from_secs(4);
+const POLL: Duration = Duration::from_millis(20);
+
+/// A process the test is responsible for: its pid and its start time (field 22 of /proc/PID/stat), so that a
+/// recycled pid is never signalled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tracked {
+    pid: u32,
+    start: u64,
+}
+
+/// Fields of /proc/PID/stat after the command name: (ppid, start time). Never blocks on a stuck process.
+fn stat_fields(pid: u32) -> Option<(u32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ppid = fields.get(1)?.parse().ok()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((ppid, start))
+}
+
+fn track(pid: u32) -> Option<Tracked> {
+    stat_fields(pid).map(|(_, start)| Tracked { pid, start })
+}
+
+/// Every process below `root` now (a scan of /proc; this kernel may lack /proc/PID/task/TID/children).
+fn descendants(root: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parents: Vec<(u32, u32)> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, stat_fields(pid)?.0)))
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            parents
+                .iter()
+                .filter(|(pid, ppid)| *ppid == parent && !found.contains(pid))
+                .map(|(pid, _)| *pid)
+                .collect::<Vec<_>>(),
+        );
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// How a `hangwatch run` ended.
+struct Finished {
+    code: Option<i32>,
+    /// The one JSON document of `--json` (`Value::Null` when stdout was not JSON).
+    json: Value,
+    stdout: String,
+    stderr: String,
+    /// From the start of `hangwatch run` to its exit.
+    took: Duration,
+    report_dir: PathBuf,
+}
+
+impl Finished {
+    /// The verdict's entry for `rank` in `ranks`.
+    fn rank(&self, rank: u64) -> &Value {
+        self.json["ranks"]
+            .as_array()
+            .and_then(|ranks| ranks.iter().find(|r| r["rank"] == rank))
+            .unwrap_or_else(|| panic!("no rank {rank} in the verdict: {}", self.describe()))
+    }
+
+    /// The one culprit, checked to be `rank`.
+    fn culprit(&self, rank: u64) -> &Value {
+        let culprits = self.json["culprits"].as_array();
+        assert_eq!(
+            culprits.map(Vec::len),
+            Some(1),
+            "one culprit expected: {}",
+            self.describe()
+        );
+        let c = &self.json["culprits"][0];
+        assert_eq!(c["rank"], rank, "wrong culprit: {}", self.describe());
+        c
+    }
+
+    /// Pid of every rank in the verdict.
+    fn rank_pids(&self) -> BTreeMap<u64, u32> {
+        self.json["ranks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| Some((r["rank"].as_u64()?, u32::try_from(r["pid"].as_u64()?).ok()?)))
+            .collect()
+    }
+
+    fn action(&self, name: &str) -> Option<&Value> {
+        self.json["actions"]
+            .as_array()?
+            .iter()
+            .find(|a| a["action"] == name)
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "exit {:?} after {:.1}s\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code,
+            self.took.as_secs_f64(),
+            self.stdout,
+            self.stderr
+        )
+    }
+
+    fn assert_code(&self, code: i32) {
+        assert_eq!(self.code, Some(code), "{}", self.describe());
+    }
+}
+
+/// A `hangwatch run` started by the test. On drop: hangwatch and every process that was ever seen below it (or
+/// named by its verdict) is killed by pid, SIGCONT first so that a stopped rank dies too; a process stuck in D is
+/// left (it dies at the thaw, which the `FrozenGuard` declared after this does first).
+struct HangwatchRun {
+    child: Child,
+    started: Instant,
+    report: tempfile::TempDir,
+    stderr: Arc<Mutex<Vec<String>>>,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stdout_closed: Arc<AtomicBool>,
+    tracked: Vec<Tracked>,
+    finished: bool,
+}
+
+impl HangwatchRun {
+    /// `hangwatch run --report-dir <tempdir> --json --grace 2s FLAGS -- JOB`.
+    fn start(flags: &[&str], job: &[String]) -> HangwatchRun {
+        let report = tempfile::Builder::new()
+            .prefix("hangwatch-run-test-")
+            .tempdir()
+            .expect("temporary report directory");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
+        cmd.arg("run")
+            .arg("--report-dir")
+            .arg(report.path())
+            .args(["--json", "--grace", "2s"])
+            .args(flags)
+            .arg("--")
+            .args(job)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let started = Instant::now();
+        let mut child = cmd.spawn().expect("hangwatch starts");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stdout_closed = Arc::new(AtomicBool::new(false));
+        if let Some(pipe) = child.stderr.take() {
+            let into = Arc::clone(&stderr);
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines() {
+                    match line {
+                        Ok(line) => lock(&into).push(line),
+                        Err(_) => break,
+                    }
+                }
+            });
+        }
+        if let Some(mut pipe) = child.stdout.take() {
+            let into = Arc::clone(&stdout);
+            let closed = Arc::clone(&stdout_closed);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = pipe.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    lock(&into).extend_from_slice(&buf[..n]);
+                }
+                closed.store(true, Ordering::SeqCst);
+            });
+        }
+        let mut run = HangwatchRun {
+            tracked: track(child.id()).into_iter().collect(),
+            child,
+            started,
+            report,
+            stderr,
+            stdout,
+            stdout_closed,
+            finished: false,
+        };
+        run.track_descendants();
+        run
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn report_dir(&self) -> &Path {
+        self.report.path()
+    }
+
+    fn stderr_text(&self) -> String {
+        lock(&self.stderr).join("\n")
+    }
+
+    fn remember(&mut self, pid: u32) {
+        if self.tracked.iter().any(|t| t.pid == pid) {
+            return;
+        }
+        if let Some(t) = track(pid) {
+            self.tracked.push(t);
+        }
+    }
+
+    /// Remembers every process below hangwatch now (ranks, launcher, hangwatch's helper children).
+    fn track_descendants(&mut self) {
+        if self.finished {
+            return;
+        }
+        for pid in descendants(self.pid()) {
+            self.remember(pid);
+        }
+    }
+
+    /// Waits until a line of hangwatch's stderr (the job's output is mirrored there, `[rank R] ` first, unless
+    /// `--quiet`) satisfies `wanted`.
+    fn wait_for_stderr(&mut self, timeout: Duration, wanted: impl Fn(&str) -> bool) -> bool {
+        let end = Instant::now() + timeout;
+        loop {
+            if lock(&self.stderr).iter().any(|l| wanted(l)) {
+                return true;
+            }
+            self.track_descendants();
+            if Instant::now() >= end || self.child.try_wait().ok().flatten().is_some() {
+                return lock(&self.stderr).iter().any(|l| wanted(l));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Rank -> pid, from the ranks' own `rank R of N ready (pid P)` lines on hangwatch's stderr.
+    fn printed_rank_pids(&self) -> BTreeMap<u32, u32> {
+        lock(&self.stderr)
+            .iter()
+            .filter_map(|line| parse_ready(line))
+            .collect()
+    }
+
+    /// Waits until every one of `world` ranks said it is ready, and returns their pids.
+    fn wait_for_ranks(&mut self, world: u32, timeout: Duration) -> BTreeMap<u32, u32> {
+        let end = Instant::now() + timeout;
+        loop {
+            let pids = self.printed_rank_pids();
+            if pids.len() == world as usize {
+                for pid in pids.values() {
+                    self.remember(*pid);
+                }
+                return pids;
+            }
+            assert!(
+                Instant::now() < end,
+                "not all {world} ranks started within {timeout:?}:\n{}",
+                self.stderr_text()
+            );
+            self.track_descendants();
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Whether hangwatch is still running (without reaping it into a result).
+    fn running(&mut self) -> bool {
+        !self.finished && self.child.try_wait().ok().flatten().is_none()
+    }
+
+    /// Waits for hangwatch to exit; fails the test (everything is cleaned up by drop) if it does not in time.
+    fn finish(&mut self, timeout: Duration) -> Finished {
+        let end = Instant::now() + timeout;
+        let status = loop {
+            self.track_descendants();
+            if let Some(status) = self.child.try_wait().ok().flatten() {
+                break status;
+            }
+            if Instant::now() >= end {
+                panic!(
+                    "hangwatch run did not exit within {timeout:?}\n--- stderr ---\n{}",
+                    self.stderr_text()
+                );
+            }
+            std::thread::sleep(POLL);
+        };
+        let took = self.started.elapsed();
+        self.finished = true;
+        // A helper child of hangwatch stuck on the frozen filesystem could hold stdout open: do not wait forever.
+        wait_until(Duration::from_secs(3), POLL, || {
+            self.stdout_closed.load(Ordering::SeqCst)
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let stdout = String::from_utf8_lossy(&lock(&self.stdout)).into_owned();
+        let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+        let finished = Finished {
+            code: status.code(),
+            json,
+            stdout,
+            stderr: self.stderr_text(),
+            took,
+            report_dir: self.report_dir().to_path_buf(),
+        };
+        let named = ["ranks", "culprits"]
+            .iter()
+            .flat_map(|k| finished.json[*k].as_array().into_iter().flatten())
+            .filter_map(|r| u32::try_from(r["pid"].as_u64()?).ok())
+            .collect::<Vec<_>>();
+        for pid in named.into_iter().chain(run_json_pids(self.report_dir())) {
+            self.remember(pid);
+        }
+        finished
+    }
+}
+
+impl Drop for HangwatchRun {
+    fn drop(&mut self) {
+        self.track_descendants();
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            if wait_with_deadline(&mut self.child, Duration::from_secs(3)).is_none() {
+                eprintln!("test: hangwatch (pid {}) did not die", self.child.id());
+            }
+        }
+        let alive =
+            |t: &Tracked| track(t.pid).is_some_and(|now| now.start == t.start) && !is_dead(t.pid);
+        let ours: Vec<Tracked> = self.tracked.iter().filter(|t| alive(t)).copied().collect();
+        for t in &ours {
+            let _ = send(t.pid, Signal::SIGCONT);
+            let _ = send(t.pid, Signal::SIGKILL);
+        }
+        wait_until(Duration::from_secs(3), POLL, || !ours.iter().any(alive));
+        for t in ours.iter().filter(|t| alive(t)) {
+            eprintln!(
+                "test: pid {} is still there after SIGKILL (state {:?}); leaving it",
+                t.pid,
+                process_state(t.pid)
+            );
+        }
+    }
+}
+
+/// `rank R of N ready (pid P)`, as rank.py prints it (hangwatch puts `[rank R] ` in front).
+fn parse_ready(line: &str) -> Option<(u32, u32)> {
+    let at = line.find("rank ")?;
+    let rest = line[at..].rsplit_once("rank ")?.1;
+    let (rank, rest) = rest.split_once(" of ")?;
+    let pid = rest.split_once("ready (pid ")?.1.strip_suffix(')')?;
+    Some((rank.trim().parse().ok()?, pid.trim().parse().ok()?))
+}
+
+/// Pids in `<report-dir>/run.json` (written with the evidence).
+fn run_json_pids(report_dir: &Path) -> Vec<u32> {
+    let Ok(text) = std::fs::read_to_string(report_dir.join("run.json")) else {
+        return Vec::new();
+    };
+    let run: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    run["pids"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| u32::try_from(p["pid"].as_u64()?).ok())
+        .collect()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `python3 tests/python/rank.py ARGS`.
+fn rank_job(python: &Path, args: &[&str]) -> Vec<String> {
+    [
+        python.to_string_lossy().into_owned(),
+        rank_script().to_string_lossy().into_owned(),
+    ]
+    .into_iter()
+    .chain(args.iter().map(|a| a.to_string()))
+    .collect()
+}
+
+fn lines_in(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+fn assert_all_dead(pids: impl IntoIterator<Item = u32>, what: &str) {
+    let pids: Vec<u32> = pids.into_iter().collect();
+    assert!(!pids.is_empty(), "no pids to check for {what}");
+    let gone = wait_until(Duration::from_secs(2), POLL, || {
+        pids.iter().all(|&p| is_dead(p))
+    });
+    let left: Vec<(u32, Option<char>)> = pids
+        .iter()
+        .filter(|&&p| !is_dead(p))
+        .map(|&p| (p, process_state(p)))
+        .collect();
+    assert!(gone, "{what} still alive (pid, state): {left:?}");
+}
+
+#[test]
+fn frozen_log_filesystem_ends_the_job_with_75_and_names_rank_0_in_write() {
+    let py = require!(python());
+    let fs = require!(LoopExt4::new(64));
+    let log = fs.path().join("rank0.log");
+    let log_s = log.to_string_lossy().into_owned();
+    let mut run = HangwatchRun::start(
+        &["--nproc", "6", "--stall-after", STALL_AFTER, "--quiet"],
+        &rank_job(
+            py,
+            &["--step-time", "0.1", "--log", &log_s, "--only-rank", "0"],
+        ),
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= 3),
+        "rank 0 never logged 3 steps:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    let frozen = require!(fs.freeze());
+    let frozen_at = Instant::now();
+
+    let done = run.finish(STALL + Duration::from_secs(20));
+    let latency = frozen_at.elapsed();
+    eprintln!(
+        "freeze -> hangwatch exit: {:.2}s (stall-after {STALL_AFTER}, grace 2s)",
+        latency.as_secs_f64()
+    );
+    done.assert_code(75);
+    assert!(
+        latency < STALL + Duration::from_secs(10),
+        "took {latency:?} from the freeze to the exit: {}",
+        done.describe()
+    );
+
+    let v = &done.json;
+    assert_eq!(v["kind"], "blocked_in_kernel", "{}", done.describe());
+    assert_eq!(v["exit_code"], 75);
+    let c = done.culprit(0);
+    assert_eq!(c["state"], "D");
+    assert_eq!(c["syscall"], "write");
+    assert_eq!(c["path"], log_s.as_str());
+    assert_eq!(c["mount"], fs.path().to_str().unwrap());
+    assert_eq!(c["fstype"], "ext4");
+    assert_eq!(c["killable"], false);
+    let rank0 = u32::try_from(c["pid"].as_u64().unwrap()).unwrap();
+
+    let terminate = done.action("terminate").expect("a terminate action");
+    assert!(
+        terminate["ranks"].as_array().is_some_and(|r| r.len() == 5),
+        "{terminate:#}"
+    );
+    let unkillable = done.action("unkillable").expect("an unkillable action");
+    assert_eq!(
+        unkillable["ranks"],
+        serde_json::json!([0]),
+        "{unkillable:#}"
+    );
+    assert_eq!(unkillable["ok"], false);
+
+    let pids = done.rank_pids();
+    assert_eq!(pids.len(), 6, "{}", done.describe());
+    assert_all_dead(
+        pids.iter().filter(|(r, _)| **r != 0).map(|(_, p)| *p),
+        "ranks 1-5",
+    );
+    assert_eq!(
+        process_state(rank0),
+        Some('D'),
+        "rank 0 should still be stuck in write() until the thaw"
+    );
+
+    for file in [
+        "verdict.json",
+        "ranks.json",
+        "output/rank-1.txt",
+        "kernel-log.txt",
+        "thresholds.json",
+    ] {
+        assert!(
+            done.report_dir.join(file).is_file(),
+            "{file} missing from the evidence in {}",
+            done.report_dir.display()
+        );
+    }
+    let saved: Value = serde_json::from_str(
+        &std::fs::read_to_string(done.report_dir.join("verdict.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(saved["kind"], "blocked_in_kernel");
+    assert!(
+        saved["actions"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|a| a["action"] == "unkillable")),
+        "verdict.json lacks the actions taken: {saved:#}"
+    );
+
+    frozen.thaw().expect("thaw");
+    let thawed_at = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(5), POLL, || is_dead(rank0)),
+        "rank 0 (pid {rank0}) did not die after the thaw although SIGKILL was pending (state {:?})",
+        process_state(rank0)
+    );
+    eprintln!(
+        "thaw -> rank 0 gone: {:.2}s",
+        thawed_at.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn stopped_rank_is_named_and_nothing_is_left_stopped() {
+    let py = require!(python());
+    let mut run = HangwatchRun::start(
+        &["--nproc", "4", "--stall-after", STALL_AFTER],
+        &rank_job(py, &["--step-time", "0.1"]),
+    );
+    let pids = run.wait_for_ranks(4, Duration::from_secs(30));
+    assert!(
+        run.wait_for_stderr(Duration::from_secs(30), |l| l == "[rank 2] step 3"),
+        "rank 2 never reached step 3:\n{}",
+        run.stderr_text()
+    );
+    let rank2 = pids[&2];
+    send(rank2, Signal::SIGSTOP).expect("SIGSTOP rank 2");
+    assert!(wait_until(Duration::from_secs(5), POLL, || {
+        process_state(rank2) == Some('T')
+    }));
+
+    let done = run.finish(STALL + Duration::from_secs(20));
+    done.assert_code(75);
+    assert_eq!(done.json["kind"], "stopped", "{}", done.describe());
+    let c = done.culprit(2);
+    assert_eq!(c["pid"], rank2);
+    assert!(
+        matches!(c["state"].as_str(), Some("T" | "t")),
+        "{}",
+        done.describe()
+    );
+    assert_all_dead(pids.values().copied(), "ranks");
+}
+
+#[test]
+fn spinning_rank_is_busy() {
+    let py = require!(python());
+    let mut run = HangwatchRun::start(
+        &["--nproc", "4", "--stall-after", STALL_AFTER, "--quiet"],
+        &rank_job(
+            py,
+            &[
+                "--step-time",
+                "0.1",
+                "--behaviour",
+                "spin",
+                "--after",
+                "3",
+                "--only-rank",
+                "2",
+            ],
+        ),
+    );
+    let done = run.finish(Duration::from_secs(45));
+    done.assert_code(75);
+    assert_eq!(done.json["kind"], "busy", "{}", done.describe());
+    done.culprit(2);
+    assert_all_dead(done.rank_pids().into_values(), "ranks");
+}
+
+#[test]
+fn deadlocked_rank_is_diverged_in_load_batch() {
+    let py = require!(python());
+    let mut run = HangwatchRun::start(
+        &["--nproc", "4", "--stall-after", STALL_AFTER, "--quiet"],
+        &rank_job(
+            py,
+            &[
+                "--step-time",
+                "0.1",
+                "--behaviour",
+                "lock",
+                "--after",
+                "3",
+                "--only-rank",
+                "1",
+            ],
+        ),
+    );
+    let done = run.finish(Duration::from_secs(45));
+    done.assert_code(75);
+    assert_eq!(done.json["kind"], "diverged", "{}", done.describe());
+    done.culprit(1);
+    let place = done.rank(1)["where"].as_str().unwrap_or_default();
+    assert!(place.contains("load_batch"), "rank 1 is at `{place}`");
+    assert_all_dead(done.rank_pids().into_values(), "ranks");
+}
+
+#[test]
+fn rank_that_dies_while_peers_wait_is_exited_and_the_job_is_ended() {
+    let py = require!(python());
+    let mut run = HangwatchRun::start(
+        &["--nproc", "4", "--stall-after", STALL_AFTER, "--quiet"],
+        &rank_job(
+            py,
+            &[
+                "--step-time",
+                "0.1",
+                "--behaviour",
+                "exit",
+                "--after",
+                "3",
+                "--only-rank",
+                "3",
+            ],
+        ),
+    );
+    let done = run.finish(Duration::from_secs(45));
+    done.assert_code(75);
+    assert_eq!(done.json["kind"], "exited", "{}", done.describe());
+    done.culprit(3);
+    let ranks: Value = serde_json::from_str(
+        &std::fs::read_to_string(done.report_dir.join("ranks.json")).expect("ranks.json"),
+    )
+    .expect("ranks.json is JSON");
+    let rank3 = ranks
+        .as_array()
+        .and_then(|r| r.iter().find(|o| o["rank"] == 3))
+        .unwrap_or_else(|| panic!("no rank 3 in ranks.json: {ranks:#}"));
+    assert_eq!(rank3["exited"], true, "{rank3:#}");
+    assert_eq!(rank3["exit_code"], 3, "{rank3:#}");
+    assert_all_dead(done.rank_pids().into_values(), "ranks");
+}
+
+#[test]
+fn job_that_ends_by_itself_passes_its_exit_code_through() {
+    let py = require!(python());
+    let flags = ["--nproc", "4", "--stall-after", STALL_AFTER, "--quiet"];
+
+    let mut ok = HangwatchRun::start(
+        &flags,
+        &rank_job(py, &["--steps", "5", "--step-time", "0.05"]),
+    );
+    let done = ok.finish(Duration::from_secs(30));
+    done.assert_code(0);
+    assert_eq!(done.json["hang"], false, "{}", done.describe());
+    assert_eq!(done.json["exit_code"], 0);
+    assert!(!done.report_dir.join("verdict.json").exists());
+
+    // Every rank passes step 0 together, then all exit with code 3. (With `--after 0`, rank 0, which serves the
+    // barrier, may exit before slower ranks have connected; those then wait for it forever, which hangwatch
+    // rightly ends as `exited` with 75.)
+    let mut failing = HangwatchRun::start(
+        &flags,
+        &rank_job(
+            py,
+            &["--step-time", "0.05", "--behaviour", "exit", "--after", "1"],
+        ),
+    );
+    let done = failing.finish(Duration::from_secs(30));
+    done.assert_code(3);
+    assert_eq!(done.json["hang"], false, "{}", done.describe());
+    assert_eq!(done.json["exit_code"], 3);
+    assert!(!done.report_dir.join("verdict.json").exists());
+}
+
+#[test]
+fn healthy_job_with_a_long_pause_is_no_false_alarm_under_default_settings() {
+    let py = require!(python());
+    let mut run = HangwatchRun::start(
+        &["--nproc", "4", "--quiet"],
+        &rank_job(
+            py,
+            &["--steps", "30", "--step-time", "0.05", "--pause", "15:6"],
+        ),
+    );
+    let done = run.finish(Duration::from_secs(60));
+    done.assert_code(0);
+    assert!(
+        done.took >= Duration::from_secs(6),
+        "the job cannot have paused: {}",
+        done.describe()
+    );
+    assert_eq!(done.json["hang"], false, "{}", done.describe());
+    assert!(!done.report_dir.join("verdict.json").exists());
+    assert!(
+        !done.stderr.contains("roll call"),
+        "hangwatch investigated a healthy job: {}",
+        done.describe()
+    );
+}
+
+/// Starts a job that never ends, waits for its ranks to step, sends `signal` to hangwatch; returns the result,
+/// the rank pids and the time from the signal to hangwatch's exit.
+fn interrupt(signal: Signal) -> Option<(Finished, Vec<u32>, Duration)> {
+    let py = python().ok()?;
+    let mut run = HangwatchRun::start(
+        &["--nproc", "4", "--stall-after", "30s"],
+        &rank_job(py, &["--step-time", "0.05"]),
+    );
+    let pids = run.wait_for_ranks(4, Duration::from_secs(30));
+    assert!(run.wait_for_stderr(Duration::from_secs(30), |l| l == "[rank 0] step 2"));
+    send(run.pid(), signal).expect("signal hangwatch");
+    let sent = Instant::now();
+    let done = run.finish(Duration::from_secs(20));
+    let took = sent.elapsed();
+    eprintln!("{signal} -> hangwatch exit: {:.2}s", took.as_secs_f64());
+    Some((done, pids.into_values().collect(), took))
+}
+
+#[test]
+fn sigint_ends_the_job_cleanly_with_130() {
+    let Some((done, pids, took)) = interrupt(Signal::SIGINT) else {
+        eprintln!("SKIPPED: no python3");
+        return;
+    };
+    done.assert_code(130);
+    assert!(took < Duration::from_secs(5), "{}", done.describe());
+    assert_eq!(done.json["exit_code"], 130, "{}", done.describe());
+    assert!(done.json["kind"].is_null(), "a verdict for an interrupt");
+    assert_all_dead(pids, "ranks");
+}
+
+#[test]
+fn sigterm_ends_the_job_cleanly_with_143() {
+    let Some((done, pids, took)) = interrupt(Signal::SIGTERM) else {
+        eprintln!("SKIPPED: no python3");
+        return;
+    };
+    done.assert_code(143);
+    assert!(took < Duration::from_secs(5), "{}", done.describe());
+    assert_eq!(done.json["exit_code"], 143, "{}", done.describe());
+    assert_all_dead(pids, "ranks");
+}
+
+#[test]
+fn observe_reports_the_frozen_filesystem_but_kills_nothing() {
+    let py = require!(python());
+    let fs = require!(LoopExt4::new(64));
+    let log = fs.path().join("rank0.log");
+    let log_s = log.to_string_lossy().into_owned();
+    let mut run = HangwatchRun::start(
+        &[
+            "--nproc",
+            "4",
+            "--stall-after",
+            STALL_AFTER,
+            "--action",
+            "observe",
+        ],
+        &rank_job(
+            py,
+            &[
+                "--steps",
+                "40",
+                "--step-time",
+                "0.1",
+                "--log",
+                &log_s,
+                "--only-rank",
+                "0",
+            ],
+        ),
+    );
+    let pids = run.wait_for_ranks(4, Duration::from_secs(30));
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= 3),
+        "rank 0 never logged 3 steps:\n{}",
+        run.stderr_text()
+    );
+    let frozen = require!(fs.freeze());
+    let frozen_at = Instant::now();
+    let verdict = run.report_dir().join("verdict.json");
+    assert!(
+        wait_until(STALL + Duration::from_secs(10), POLL, || verdict.is_file()),
+        "no verdict.json while the filesystem is frozen:\n{}",
+        run.stderr_text()
+    );
+    // Past the hard threshold too: observing never escalates to killing.
+    std::thread::sleep((STALL + Duration::from_secs(2)).saturating_sub(frozen_at.elapsed()));
+    assert!(run.running(), "hangwatch exited:\n{}", run.stderr_text());
+    for (rank, pid) in &pids {
+        assert!(!is_dead(*pid), "rank {rank} (pid {pid}) was killed");
+    }
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(&verdict).unwrap()).unwrap();
+    assert_eq!(saved["kind"], "blocked_in_kernel", "{saved:#}");
+    assert_eq!(saved["culprits"][0]["rank"], 0, "{saved:#}");
+    assert!(
+        saved["actions"]
+            .as_array()
+            .is_some_and(|a| a.iter().all(|a| a["action"] != "terminate")),
+        "{saved:#}"
+    );
+
+    frozen.thaw().expect("thaw");
+    let done = run.finish(Duration::from_secs(40));
+    done.assert_code(0);
+    assert_eq!(done.json["exit_code"], 0, "{}", done.describe());
+    assert_eq!(lines_in(&log), 40, "rank 0 did not finish its steps");
+    assert_all_dead(pids.into_values(), "ranks");
+}
+
+#[test]
+fn ranks_below_a_launcher_are_found_and_rank_0_is_named() {
+    let py = require!(python());
+    let fs = require!(LoopExt4::new(64));
+    let log = fs.path().join("rank0.log");
+    let port = free_tcp_port().expect("a free port");
+    let launcher = format!(
+        "for r in 0 1 2 3; do RANK=$r LOCAL_RANK=$r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT={port} \
+         '{py}' '{script}' --step-time 0.1 --log '{log}' --only-rank 0 & done; wait",
+        py = py.display(),
+        script = rank_script().display(),
+        log = log.display(),
+    );
+    let mut run = HangwatchRun::start(
+        &["--stall-after", STALL_AFTER, "--quiet"],
+        &["sh".to_string(), "-c".to_string(), launcher],
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= 3),
+        "rank 0 never logged 3 steps:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    let frozen = require!(fs.freeze());
+    let frozen_at = Instant::now();
+    let done = run.finish(STALL + Duration::from_secs(20));
+    eprintln!(
+        "tree mode: freeze -> hangwatch exit: {:.2}s",
+        frozen_at.elapsed().as_secs_f64()
+    );
+    done.assert_code(75);
+    assert_eq!(
+        done.json["kind"],
+        "blocked_in_kernel",
+        "{}",
+        done.describe()
+    );
+    let c = done.culprit(0);
+    assert_eq!(c["state"], "D");
+    assert_eq!(c["syscall"], "write");
+    assert_eq!(c["path"], log.to_str().unwrap());
+    let pids = done.rank_pids();
+    assert_eq!(
+        pids.keys().copied().collect::<Vec<_>>(),
+        vec![0, 1, 2, 3],
+        "{}",
+        done.describe()
+    );
+    assert_all_dead(
+        pids.iter().filter(|(r, _)| **r != 0).map(|(_, p)| *p),
+        "ranks 1-3",
+    );
+    let rank0 = pids[&0];
+    frozen.thaw().expect("thaw");
+    assert!(
+        wait_until(Duration::from_secs(5), POLL, || is_dead(rank0)),
+        "rank 0 (pid {rank0}) did not die after the thaw (state {:?})",
+        process_state(rank0)
+    );
+}
+
+/// `hangwatch run ARGS` that is expected to stop before starting anything.
+fn usage_error(args: &[&str]) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
+    cmd.arg("run")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("hangwatch starts");
+    let stderr = child.stderr.take();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut pipe) = stderr {
+            let _ = pipe.read_to_string(&mut text);
+        }
+        text
+    });
+    let status = wait_with_deadline(&mut child, Duration::from_secs(10));
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("hangwatch run {args:?} did not stop within 10 s");
+    }
+    (
+        status.and_then(|s| s.code()),
+        reader.join().unwrap_or_default(),
+    )
+}
+
+#[test]
+fn usage_errors_exit_2_and_name_the_problem() {
+    let report = tempfile::tempdir().unwrap();
+    let dir = report.path().to_str().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (&["--report-dir", dir, "--nproc", "2"], "CMD"),
+        (
+            &["--report-dir", dir, "--nproc", "0", "--", "true"],
+            "--nproc",
+        ),
+        (
+            &["--report-dir", dir, "--stall-after", "soon", "--", "true"],
+            "soon",
+        ),
+        (
+            &["--report-dir", dir, "--", "no-such-program-hangwatch-test"],
+            "no-such-program-hangwatch-test",
+        ),
+    ];
+    for (args, named) in cases {
+        let (code, stderr) = usage_error(args);
+        assert_eq!(code, Some(2), "hangwatch run {args:?}: {stderr}");
+        assert!(
+            stderr.contains(named),
+            "hangwatch run {args:?} does not name `{named}`: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn ready_lines_are_parsed_with_and_without_the_rank_prefix() {
+    assert_eq!(
+        parse_ready("[rank 3] rank 3 of 4 ready (pid 4242)"),
+        Some((3, 4242))
+    );
+    assert_eq!(parse_ready("rank 0 of 1 ready (pid 7)"), Some((0, 7)));
+    assert_eq!(parse_ready("[rank 1] step 3"), None);
+}
