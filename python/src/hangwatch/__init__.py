@@ -1,0 +1,12 @@
+"""hangwatch client: progress beats, phases and log records for the hangwatch agent; never blocks, never raises.
+
+Importing this package imports nothing beyond the standard library; the framework integrations live in
+`hangwatch.integrations.*` and are imported only when asked for.
+"""
+
+from hangwatch._client import beat, flush, stats
+from hangwatch._logging import LoggingHandler
+from hangwatch._phase import phase
+from hangwatch._version import __version__
+
+__all__ = ["beat", "phase", "LoggingHandler", "stats", "flush", "__version__"]

@@ -1,0 +1,481 @@
+"""The process's link to the hangwatch agent: socket, framing (protocol hw1), seq numbers, drop counts, fork reset.
+
+Beats are lossy: one non-blocking send, dropped and counted when the agent cannot take them. Hello, phase and log
+messages are kept in order: sent directly when the socket takes them, otherwise held in a bounded in-memory queue
+that a daemon thread drains. Nothing here blocks or raises into the caller.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Deque, Dict, Optional, Tuple
+
+from hangwatch._version import __version__
+
+ENV_SOCKET = "HANGWATCH_SOCKET"
+PROTOCOL = b"hw1"
+MAX_MESSAGE_BYTES = 65_000
+"""No datagram is longer; longer log records are cut and marked (see wire-protocol.md)."""
+
+RECONNECT_INTERVAL_S = 1.0
+"""At most one connect attempt per interval while the agent is unreachable, so a missing agent costs no syscalls."""
+
+QUEUE_MAX_MESSAGES = 10_000
+QUEUE_MAX_BYTES = 16 * 1024 * 1024
+"""Bounds of the ordered queue for hello/phase/log messages; past either, new messages are dropped and counted."""
+
+IDLE_THREAD_EXIT_S = 5.0
+"""The drain thread ends after this long with nothing queued, so an idle process carries no extra thread."""
+
+_UNINIT, _DISABLED, _DOWN, _UP = range(4)
+
+_PEER_GONE = frozenset(
+    {
+        errno.ECONNREFUSED,
+        errno.ENOTCONN,
+        errno.ENOENT,
+        errno.EPIPE,
+        errno.ECONNRESET,
+        errno.EBADF,
+        errno.EDESTADDRREQ,
+        errno.ENOTSOCK,
+    }
+)
+"""Send errors after which the socket is useless and a reconnect may help (agent gone or restarted)."""
+
+# Hot-path state lives in module globals: a global load is the cheapest lookup CPython offers.
+_send: Any = None
+_beat_prefix = b""
+_seq_counter = itertools.count(1)
+_next_seq = _seq_counter.__next__
+
+_mode = _UNINIT
+_path: Optional[str] = None
+_sock: Optional[socket.socket] = None
+_header_tail = b""
+_local_rank = b"-"
+_retry_at = 0.0
+_conn_lock = threading.Lock()
+_stats_lock = threading.Lock()
+_dropped: Dict[str, int] = {"hello": 0, "beat": 0, "phase": 0, "log": 0}
+_warned: set = set()
+
+
+def beat(step: Optional[int] = None) -> None:
+    """One unit of progress; `step` is the training step if the caller knows it."""
+    send = _send
+    if send is None:
+        _beat_cold(step)
+        return
+    seq = _next_seq()
+    try:
+        if step is None:
+            send(_beat_prefix + b"%d -" % seq)
+        else:
+            send(_beat_prefix + b"%d %d" % (seq, step))
+    except BlockingIOError:
+        _drop("beat")
+    except OSError as exc:
+        _send_failed(send, exc, "beat")
+    except Exception:
+        _beat_odd_step(send, seq, step)
+
+
+def _beat_cold(step: Any) -> None:
+    """Beat while not connected: first call of the process, no agent configured, or agent unreachable."""
+    try:
+        if _connect_if_due():
+            beat(step)
+        elif _mode != _DISABLED:
+            _next_seq()
+            _drop("beat")
+    except Exception:
+        pass
+
+
+def _beat_odd_step(send: Any, seq: int, step: Any) -> None:
+    """A step that `%d` refuses (a string, an object): send its integer value if it has one, else `-`."""
+    try:
+        value = b"%d" % int(step)
+    except Exception:
+        value = b"-"
+    try:
+        send(_beat_prefix + b"%d " % seq + value)
+    except BlockingIOError:
+        _drop("beat")
+    except OSError as exc:
+        _send_failed(send, exc, "beat")
+    except Exception:
+        _drop("beat")
+
+
+def post(mtype: bytes, rest: bytes, kind: str) -> None:
+    """Send a hello/phase/log message in order with the others of its kind; never blocks, never raises."""
+    try:
+        if _send is None and not _connect_if_due() and _mode == _DISABLED:
+            return
+        data = PROTOCOL + b" " + mtype + _header_tail + b"%d " % _next_seq() + rest
+        if len(data) > MAX_MESSAGE_BYTES:
+            data = truncate(data, MAX_MESSAGE_BYTES)
+        _outbox.put(data, kind)
+    except Exception:
+        pass
+
+
+def enabled() -> bool:
+    """Whether `HANGWATCH_SOCKET` names an agent for this process (reachable or not)."""
+    if _mode == _UNINIT:
+        _init_from_env()
+    return _mode != _DISABLED
+
+
+def truncate(data: bytes, limit: int) -> bytes:
+    """Cut `data` to at most `limit` bytes on a UTF-8 character boundary and say how much was cut."""
+    if len(data) <= limit:
+        return data
+    keep = limit - len(b" [truncated  bytes]") - len(b"%d" % len(data))
+    while keep > 0 and (data[keep] & 0xC0) == 0x80:
+        keep -= 1
+    return data[:keep] + b" [truncated %d bytes]" % (len(data) - keep)
+
+
+def stats() -> Dict[str, Any]:
+    """Counts since this process started (or forked): what reached the socket, what was dropped, what waits."""
+    if _mode == _UNINIT:
+        _init_from_env()
+    with _stats_lock:
+        by_type = dict(_dropped)
+    dropped = sum(by_type.values())
+    queued = _outbox.pending()
+    used = _seq_used()
+    return {
+        "enabled": _mode != _DISABLED,
+        "connected": _send is not None,
+        "socket": _path,
+        "sent": max(0, used - dropped - queued),
+        "dropped": dropped,
+        "queued": queued,
+        "dropped_by_type": by_type,
+    }
+
+
+def flush(timeout: float = 2.0) -> bool:
+    """Wait up to `timeout` seconds for queued messages to reach the socket; True when nothing is left."""
+    return _outbox.wait_empty(timeout)
+
+
+def _seq_used() -> int:
+    """How many seq numbers were handed out; read from the counter's repr because reading must not consume one."""
+    text = repr(_seq_counter)
+    try:
+        return int(text[text.index("(") + 1 : -1]) - 1
+    except ValueError:
+        return 0
+
+
+def _drop(kind: str) -> None:
+    with _stats_lock:
+        _dropped[kind] = _dropped.get(kind, 0) + 1
+
+
+def _warn_once(key: str, text: str) -> None:
+    """One line on stderr per process and cause, so a missing agent is visible without flooding the job's output."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    try:
+        sys.stderr.write("hangwatch: " + text + "\n")
+    except Exception:
+        pass
+
+
+def _init_from_env() -> None:
+    global _mode, _path, _header_tail, _beat_prefix, _local_rank, _retry_at
+    with _conn_lock:
+        if _mode != _UNINIT:
+            return
+        path = os.environ.get(ENV_SOCKET, "")
+        if not path:
+            _mode = _DISABLED
+            return
+        rank = _field(os.environ.get("RANK"))
+        _local_rank = _field(os.environ.get("LOCAL_RANK"))
+        pid = b"%d" % os.getpid()
+        _path = path
+        _beat_prefix = PROTOCOL + b" beat " + rank + b" " + pid + b" "
+        _header_tail = b" " + rank + b" " + pid + b" "
+        _retry_at = 0.0
+        _mode = _DOWN
+
+
+def _field(value: Optional[str]) -> bytes:
+    """A rank from the environment as one protocol field: its digits, or `-` when absent or not a number."""
+    value = (value or "").strip()
+    if not value.isdigit() or not value.isascii():
+        return b"-"
+    return value.encode("ascii")
+
+
+def _address(path: str) -> Any:
+    """`@name` is a Linux abstract socket: no file, so nothing on any filesystem is touched to reach the agent."""
+    if path.startswith("@"):
+        return "\0" + path[1:]
+    return path
+
+
+def _open(address: Any) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.setblocking(False)
+        sock.connect(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _connect_if_due() -> bool:
+    """Connect when configured, not connected, and the last failed attempt is old enough; True when connected."""
+    global _mode, _sock, _send, _retry_at
+    if _send is not None:
+        return True
+    if _mode == _UNINIT:
+        _init_from_env()
+    if _mode == _DISABLED or _path is None:
+        return False
+    now = time.monotonic()
+    if now < _retry_at:
+        return False
+    if not _conn_lock.acquire(blocking=False):
+        return _send is not None
+    failure: Optional[OSError] = None
+    try:
+        if _send is not None:
+            return True
+        try:
+            sock = _open(_address(_path))
+        except OSError as exc:
+            _retry_at = now + RECONNECT_INTERVAL_S
+            failure = exc
+        else:
+            _sock = sock
+            _mode = _UP
+            _send = sock.send
+    finally:
+        _conn_lock.release()
+    if failure is not None:
+        _warn_once(
+            "unreachable",
+            "cannot reach the agent at %s (%s); heartbeats are dropped and counted, see hangwatch.stats()"
+            % (_path, failure.strerror or failure),
+        )
+        return False
+    post(b"hello", _local_rank + b" " + __version__.encode(), "hello")
+    return True
+
+
+def _send_failed(send: Any, exc: OSError, kind: Optional[str]) -> None:
+    """A send error: count the message (when `kind`), and drop the socket if the agent is gone so we reconnect."""
+    global _mode, _sock, _send, _retry_at
+    if kind is not None:
+        _drop(kind)
+    if exc.errno not in _PEER_GONE:
+        return
+    with _conn_lock:
+        if _send is not send:
+            return
+        _send = None
+        _mode = _DOWN
+        _retry_at = time.monotonic() + RECONNECT_INTERVAL_S
+        sock, _sock = _sock, None
+    _warn_once(
+        "lost",
+        "lost the agent at %s (%s); messages are dropped and counted until it is back"
+        % (_path, exc.strerror or exc),
+    )
+    if sock is not None:
+        try:
+            sock.close()
+        except OSError:
+            pass
+
+
+def _wait_writable(timeout: float) -> None:
+    sock = _sock
+    try:
+        if sock is not None:
+            select.select([], [sock], [], timeout)
+            return
+    except (OSError, ValueError):
+        pass
+    time.sleep(timeout)
+
+
+class _Outbox:
+    """Ordered, bounded queue of hello/phase/log datagrams; direct send while it is empty, daemon thread otherwise."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.items: Deque[Tuple[bytes, str]] = deque()
+        self.nbytes = 0
+        self.inflight: Optional[Tuple[bytes, str]] = None
+        self.thread: Optional[threading.Thread] = None
+        self.closed = False
+
+    def pending(self) -> int:
+        return len(self.items) + (1 if self.inflight is not None else 0)
+
+    def put(self, data: bytes, kind: str) -> None:
+        if not self._put(data, kind):
+            _drop(kind)
+            _warn_once(
+                "overflow",
+                "the agent is not taking messages and %d are queued; new log/phase messages are dropped "
+                "and counted, see hangwatch.stats()" % len(self.items),
+            )
+
+    def _put(self, data: bytes, kind: str) -> bool:
+        """False when the queue is full (the caller counts and warns outside the lock)."""
+        with self.lock:
+            if not self.items and self.inflight is None:
+                send = _send
+                if send is not None:
+                    try:
+                        send(data)
+                        return True
+                    except BlockingIOError:
+                        pass
+                    except OSError as exc:
+                        if exc.errno not in _PEER_GONE:
+                            _drop(kind)
+                            return True
+                        _send_failed(send, exc, None)
+            if len(self.items) >= QUEUE_MAX_MESSAGES or self.nbytes + len(data) > QUEUE_MAX_BYTES:
+                return False
+            self.items.append((data, kind))
+            self.nbytes += len(data)
+            if self.thread is None or not self.thread.is_alive():
+                thread = threading.Thread(target=self._run, name="hangwatch-outbox", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:
+                    return True
+                self.thread = thread
+            else:
+                self.cond.notify_all()
+            return True
+
+    def wait_empty(self, timeout: float) -> bool:
+        with self.lock:
+            return self.cond.wait_for(lambda: not self.items and self.inflight is None, timeout)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            self._drain()
+        finally:
+            with self.lock:
+                if self.thread is threading.current_thread():
+                    self.thread = None
+
+    def _drain(self) -> None:
+        while True:
+            with self.lock:
+                while not self.items and not self.closed:
+                    if not self.cond.wait(IDLE_THREAD_EXIT_S) and not self.items:
+                        return
+                if self.closed:
+                    return
+                item = self.items.popleft()
+                self.nbytes -= len(item[0])
+                self.inflight = item
+            try:
+                self._deliver(*item)
+            except Exception:
+                _drop(item[1])
+            with self.lock:
+                self.inflight = None
+                self.cond.notify_all()
+
+    def _deliver(self, data: bytes, kind: str) -> None:
+        while not self.closed:
+            send = _send
+            if send is None:
+                if _connect_if_due():
+                    continue
+                if _mode == _DISABLED:
+                    _drop(kind)
+                    return
+                with self.lock:
+                    self.cond.wait(max(0.01, _retry_at - time.monotonic()))
+                continue
+            try:
+                send(data)
+                return
+            except BlockingIOError:
+                _wait_writable(0.05)
+            except OSError as exc:
+                if exc.errno not in _PEER_GONE:
+                    _drop(kind)
+                    return
+                _send_failed(send, exc, None)
+            except Exception:
+                _drop(kind)
+                return
+
+
+_outbox = _Outbox()
+
+
+def _reset(forked: bool = False) -> None:
+    """Forget the connection, counters and queue; the next call reads `HANGWATCH_SOCKET` again.
+
+    Runs in a forked child (`forked`: its messages carry its own pid and seq from 1, and the parent's locks and
+    drain thread are not touched because they may be mid-use by threads that do not exist here) and in tests.
+    """
+    global _send, _beat_prefix, _seq_counter, _next_seq, _mode, _path, _sock, _header_tail, _local_rank
+    global _retry_at, _conn_lock, _stats_lock, _dropped, _warned, _outbox
+    old_sock, old_outbox = _sock, _outbox
+    _send = None
+    _conn_lock = threading.Lock()
+    _stats_lock = threading.Lock()
+    _outbox = _Outbox()
+    _beat_prefix = b""
+    _seq_counter = itertools.count(1)
+    _next_seq = _seq_counter.__next__
+    _mode = _UNINIT
+    _path = None
+    _sock = None
+    _header_tail = b""
+    _local_rank = b"-"
+    _retry_at = 0.0
+    _dropped = {"hello": 0, "beat": 0, "phase": 0, "log": 0}
+    _warned = set()
+    if not forked:
+        old_outbox.close()
+    if old_sock is not None:
+        try:
+            old_sock.close()
+        except OSError:
+            pass
+
+
+def _after_fork_in_child() -> None:
+    _reset(forked=True)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,39 @@
+"""`hangwatch.phase`: tells the agent which part of the job runs, so each part gets its own stall threshold."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from hangwatch import _client
+
+
+class phase(contextlib.ContextDecorator):
+    """`with hangwatch.phase("checkpoint"):` or `@hangwatch.phase("eval")`.
+
+    A 10-minute checkpoint must not look like a hang and a 10-second stall in a training step must; the agent can
+    only tell the two apart when it knows the phase. Phases nest (each `with` sends its own begin and end). Begin and
+    end travel in order with log records (queued when the agent is slow, never blocking); the user's exception, if
+    any, goes on unchanged.
+    """
+
+    def __init__(self, name: Any) -> None:
+        try:
+            text = str(name).replace("\r", " ").replace("\n", " ")
+        except Exception:
+            text = "?"
+        self.name = text
+        encoded = text.encode("utf-8", "replace")
+        self._begin = b"begin " + encoded
+        self._end = b"end " + encoded
+
+    def __enter__(self) -> "phase":
+        _client.post(b"phase", self._begin, "phase")
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        _client.post(b"phase", self._end, "phase")
+        return False
+
+    def __repr__(self) -> str:
+        return "hangwatch.phase(%r)" % self.name

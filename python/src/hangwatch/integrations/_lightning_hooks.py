@@ -1,0 +1,53 @@
+"""Lightning hook logic shared by `lightning.pytorch` and `pytorch_lightning` callbacks; imports neither."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hangwatch import _client
+from hangwatch.integrations._phases import CHECKPOINT, EVAL, OpenPhases
+
+
+class LightningHooks:
+    """The hook logic, apart from the base class so that both Lightning packages can share it.
+
+    Beats on every training batch (with `trainer.global_step`) and validation batch; phase `eval` spans validation
+    (sanity check included) and phase `checkpoint` starts at `on_save_checkpoint`. Lightning has no hook after a
+    checkpoint is written, so `checkpoint` ends at the next hook that means training or validation goes on (or at
+    the end of fit); the phase therefore covers the write and the barrier that follows it on every rank.
+    """
+
+    def __init__(self) -> None:
+        self._phases = OpenPhases()
+
+    def on_train_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        self._phases.end(CHECKPOINT)
+
+    def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        self._phases.end(CHECKPOINT)
+        _client.beat(getattr(trainer, "global_step", None))
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._phases.end(CHECKPOINT)
+        self._phases.begin(EVAL)
+
+    def on_validation_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        _client.beat()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._phases.end(EVAL)
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        self._phases.begin(CHECKPOINT)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._phases.end(CHECKPOINT)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._phases.end_all()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._phases.end_all()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._phases.end_all()

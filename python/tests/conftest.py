@@ -1,0 +1,131 @@
+"""Test kit: a real Unix datagram socket playing the agent, a protocol parser, and client state reset per test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import pytest
+
+from hangwatch import _client
+
+
+@dataclass
+class Message:
+    """One datagram parsed the way the agent parses hw1 (docs/wire-protocol.md)."""
+
+    tag: str
+    type: str
+    rank: str
+    pid: int
+    seq: int
+    fields: List[str]
+    body: Optional[str]
+    raw: bytes
+
+
+def parse(data: bytes) -> Message:
+    text = data.decode("utf-8")
+    first, _, body = text.partition("\n")
+    parts = first.split(" ")
+    if parts[1] == "phase":
+        fields = [parts[5], " ".join(parts[6:])]
+    else:
+        fields = parts[5:]
+    return Message(parts[0], parts[1], parts[2], int(parts[3]), int(parts[4]), fields, body if "\n" in text else None, data)
+
+
+class Agent:
+    """The agent's end: a bound datagram socket the test reads when it wants to (or never)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+
+    def recv(self, timeout: float = 2.0) -> Message:
+        self.sock.settimeout(timeout)
+        return parse(self.sock.recv(70_000))
+
+    def recv_raw(self, timeout: float = 2.0) -> bytes:
+        self.sock.settimeout(timeout)
+        return self.sock.recv(70_000)
+
+    def drain(self, quiet: float = 0.2) -> List[Message]:
+        """Everything that arrives until nothing has come for `quiet` seconds."""
+        out = []
+        while True:
+            try:
+                out.append(self.recv(quiet))
+            except socket.timeout:
+                return out
+
+    def recv_until(self, pred: Callable[[Message], bool], timeout: float = 5.0) -> List[Message]:
+        """Messages up to and including the first that satisfies `pred`."""
+        deadline = time.monotonic() + timeout
+        out = []
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, "timed out; got %r" % [m.raw for m in out]
+            msg = self.recv(left)
+            out.append(msg)
+            if pred(msg):
+                return out
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+@pytest.fixture
+def sockdir():
+    """A short directory path: AF_UNIX paths are limited to 107 bytes and pytest's tmp_path can be longer."""
+    path = tempfile.mkdtemp(prefix="hw-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_client(monkeypatch):
+    """Each test starts as a new process would: no connection, seq from 1, environment read on first use."""
+    monkeypatch.delenv(_client.ENV_SOCKET, raising=False)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    _client._reset()
+    yield
+    _client._reset()
+
+
+@pytest.fixture
+def agent(sockdir, monkeypatch):
+    a = Agent(os.path.join(sockdir, "agent.sock"))
+    monkeypatch.setenv(_client.ENV_SOCKET, a.path)
+    yield a
+    a.close()
+
+
+def within(seconds: float, fn: Callable[[], None]) -> None:
+    """Run `fn` in a thread and fail (instead of hanging the suite) when it has not returned in time."""
+    errors: List[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), "did not return within %.1f s: the client blocked" % seconds
+    if errors:
+        raise errors[0]

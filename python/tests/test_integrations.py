@@ -1,0 +1,288 @@
+"""Framework callbacks: what the agent receives for a training run's sequence of framework events.
+
+Real packages are used when installed (transformers installs without torch and is exercised through its own
+CallbackHandler and DefaultFlowCallback); otherwise, and always for lightning and accelerate (which need torch),
+the callbacks run against stand-in base classes and the event order the frameworks use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+
+from hangwatch import _client
+
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+HAS_LIGHTNING = importlib.util.find_spec("lightning") is not None or importlib.util.find_spec("pytorch_lightning") is not None
+
+
+@pytest.fixture
+def isolated_modules():
+    """Undo every module import and stand-in the test makes, so stand-ins never leak into other tests."""
+    before = dict(sys.modules)
+    yield
+    for name in list(sys.modules):
+        if name not in before:
+            del sys.modules[name]
+    sys.modules.update(before)
+
+
+class StandInBase:
+    """A framework base class: every hook the subclass does not define is a no-op, as in the real ones."""
+
+    def __getattr__(self, name):
+        if name.startswith("on_") or name == "teardown":
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+
+def stand_in(name, **attrs):
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    sys.modules[name] = module
+    return module
+
+
+class Recorder:
+    """What the callbacks hand to the client, in call order, as (type, fields) of the messages it would send.
+
+    Recorded at the client's boundary rather than at a socket: an agent thread in this process cannot be relied on to
+    read before the ~10-datagram socket queue fills, and lost beats would make these tests about scheduling.
+    The socket path itself is covered by test_protocol.py.
+    """
+
+    def __init__(self, monkeypatch):
+        self.seen = []
+        monkeypatch.setattr(_client, "beat", self.beat)
+        monkeypatch.setattr(_client, "post", self.post)
+
+    def beat(self, step=None):
+        self.seen.append(("beat", ["-" if step is None else str(step)]))
+
+    def post(self, mtype, rest, kind):
+        self.seen.append((mtype.decode(), rest.decode().split(" ", 1)))
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    return Recorder(monkeypatch)
+
+
+def events(recorder):
+    return recorder.seen
+
+
+def beat(step="-"):
+    return ("beat", [str(step)])
+
+
+def begin(name):
+    return ("phase", ["begin", name])
+
+
+def end(name):
+    return ("phase", ["end", name])
+
+
+def fresh_import(name):
+    sys.modules.pop(name, None)
+    return importlib.import_module(name)
+
+
+# --- transformers -------------------------------------------------------------------------------------------------
+
+TRANSFORMERS_EXPECTED = (
+    [beat(1)]
+    + [beat(2), begin("eval"), beat(), beat(), end("eval")]
+    + [beat(3), begin("checkpoint"), end("checkpoint")]
+    + [beat(4), begin("eval"), beat(), beat(), end("eval")]
+    + [beat(5)]
+    + [beat(6), begin("eval"), beat(), beat(), end("eval"), begin("checkpoint"), end("checkpoint")]
+)
+"""eval every 2 steps, save every 3, two evaluation batches: what a Trainer run of 6 steps sends."""
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed")
+def test_transformers_callback_with_the_real_trainer_flow(recorder, tmp_path):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+
+    from hangwatch.integrations.transformers import HangwatchCallback
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path), eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=3,
+        logging_steps=100, report_to=[],
+    )
+    handler = CallbackHandler([DefaultFlowCallback, HangwatchCallback()], None, None, None, None)
+    state = TrainerState(max_steps=100)
+    for field in ("logging_steps", "eval_steps", "save_steps"):
+        setattr(state, field, getattr(args, field))
+    control = TrainerControl()
+    for step in range(1, 7):
+        control = handler.on_step_begin(args, state, control)
+        state.global_step = step
+        control = handler.on_step_end(args, state, control)
+        if control.should_evaluate:
+            for _ in range(2):
+                control = handler.on_prediction_step(args, state, control)
+            control = handler.on_evaluate(args, state, control, metrics={})
+        if control.should_save:
+            control = handler.on_save(args, state, control)
+    assert events(recorder) == TRANSFORMERS_EXPECTED
+
+
+def test_transformers_callback_with_stand_in_flags(recorder, isolated_modules):
+    stand_in("transformers", TrainerCallback=type("TrainerCallback", (), {}))
+    cb = fresh_import("hangwatch.integrations.transformers").HangwatchCallback()
+    for step in range(1, 7):
+        state = SimpleNamespace(global_step=step)
+        control = SimpleNamespace(should_evaluate=step % 2 == 0, should_save=step % 3 == 0)
+        cb.on_step_end(None, state, control)
+        if control.should_evaluate:
+            cb.on_prediction_step(None, state, control)
+            cb.on_prediction_step(None, state, control)
+            control.should_evaluate = False
+            cb.on_evaluate(None, state, control, metrics={})
+        if control.should_save:
+            control.should_save = False
+            cb.on_save(None, state, control)
+    assert events(recorder) == TRANSFORMERS_EXPECTED
+
+
+def test_transformers_evaluate_called_by_hand_and_epoch_flags(recorder, isolated_modules):
+    stand_in("transformers", TrainerCallback=type("TrainerCallback", (), {}))
+    cb = fresh_import("hangwatch.integrations.transformers").HangwatchCallback()
+    idle = SimpleNamespace(should_evaluate=False, should_save=False)
+    cb.on_prediction_step(None, None, idle)
+    cb.on_evaluate(None, None, idle)
+    cb.on_substep_end(None, None, idle)
+    cb.on_epoch_end(None, None, SimpleNamespace(should_evaluate=False, should_save=True))
+    cb.on_save(None, None, idle)
+    cb.on_save(None, None, idle)
+    assert events(recorder) == [begin("eval"), beat(), end("eval"), beat(), begin("checkpoint"), end("checkpoint")]
+
+
+@pytest.mark.skipif(HAS_TRANSFORMERS, reason="transformers is installed")
+def test_transformers_missing_says_what_to_install(isolated_modules):
+    with pytest.raises(ImportError, match="pip install transformers"):
+        fresh_import("hangwatch.integrations.transformers")
+
+
+# --- lightning ----------------------------------------------------------------------------------------------------
+
+
+def run_lightning_fit(cb, trainer):
+    """Hook order of `Trainer.fit` with a sanity check, 2 epochs of 2 batches, validation and a checkpoint per epoch
+    (ModelCheckpoint runs last, after the other callbacks' on_validation_end)."""
+    cb.on_validation_start(trainer, None)
+    cb.on_validation_batch_end(trainer, None, None, None, 0)
+    cb.on_validation_end(trainer, None)
+    for epoch in range(2):
+        cb.on_train_epoch_start(trainer, None)
+        for batch_idx in range(2):
+            cb.on_train_batch_start(trainer, None, None, batch_idx)
+            trainer.global_step += 1
+            cb.on_train_batch_end(trainer, None, None, None, batch_idx)
+        cb.on_validation_start(trainer, None)
+        cb.on_validation_batch_end(trainer, None, None, None, 0, 0)
+        cb.on_validation_end(trainer, None)
+        cb.on_save_checkpoint(trainer, None, {})
+        cb.on_train_epoch_end(trainer, None)
+    cb.on_train_end(trainer, None)
+    cb.teardown(trainer, None, "fit")
+
+
+LIGHTNING_EXPECTED = (
+    [begin("eval"), beat(), end("eval")]
+    + [beat(1), beat(2), begin("eval"), beat(), end("eval"), begin("checkpoint")]
+    + [end("checkpoint"), beat(3), beat(4), begin("eval"), beat(), end("eval"), begin("checkpoint"), end("checkpoint")]
+)
+
+
+def test_lightning_callback_with_stand_in_base(recorder, isolated_modules):
+    base = type("Callback", (StandInBase,), {})
+    stand_in("lightning")
+    stand_in("lightning.pytorch", Callback=base)
+    cb = fresh_import("hangwatch.integrations.lightning").HangwatchCallback()
+    assert isinstance(cb, base)
+    run_lightning_fit(cb, SimpleNamespace(global_step=0))
+    assert events(recorder) == LIGHTNING_EXPECTED
+
+
+def test_lightning_falls_back_to_pytorch_lightning(recorder, isolated_modules):
+    sys.modules["lightning"] = None
+    base = type("Callback", (), {})
+    stand_in("pytorch_lightning", Callback=base)
+    module = fresh_import("hangwatch.integrations.lightning")
+    assert isinstance(module.HangwatchCallback(), base)
+    assert isinstance(fresh_import("hangwatch.integrations.pytorch_lightning").HangwatchCallback(), base)
+
+
+def test_lightning_exception_closes_open_phases(recorder, isolated_modules):
+    stand_in("lightning")
+    stand_in("lightning.pytorch", Callback=type("Callback", (), {}))
+    cb = fresh_import("hangwatch.integrations.lightning").HangwatchCallback()
+    trainer = SimpleNamespace(global_step=0)
+    cb.on_validation_start(trainer, None)
+    cb.on_exception(trainer, None, RuntimeError("x"))
+    cb.teardown(trainer, None, "fit")
+    assert events(recorder) == [begin("eval"), end("eval")]
+
+
+@pytest.mark.skipif(HAS_LIGHTNING, reason="lightning is installed")
+def test_lightning_missing_says_what_to_install(isolated_modules):
+    with pytest.raises(ImportError, match="pip install lightning"):
+        fresh_import("hangwatch.integrations.lightning")
+
+
+# --- accelerate ---------------------------------------------------------------------------------------------------
+
+
+class StandInAccelerator:
+    """The methods `watch` wraps, with accelerate's names and call shapes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def backward(self, loss, **kwargs):
+        self.calls.append(("backward", loss))
+
+    def save_state(self, output_dir=None, **kwargs):
+        self.calls.append(("save_state", output_dir))
+        return output_dir
+
+    def load_state(self, input_dir=None, **kwargs):
+        self.calls.append(("load_state", input_dir))
+
+    def save_model(self, model, save_directory, **kwargs):
+        raise OSError("disk full")
+
+
+def test_accelerate_watch_beats_and_phases(recorder):
+    from hangwatch.integrations.accelerate import watch
+
+    acc = StandInAccelerator()
+    assert watch(acc) is acc
+    assert watch(acc) is acc
+    acc.load_state("ckpt/0")
+    for loss in (1.0, 2.0, 3.0):
+        acc.backward(loss)
+    assert acc.save_state("ckpt/1") == "ckpt/1"
+    with pytest.raises(OSError, match="disk full"):
+        acc.save_model(None, "out")
+    assert acc.calls == [("load_state", "ckpt/0"), ("backward", 1.0), ("backward", 2.0), ("backward", 3.0),
+                         ("save_state", "ckpt/1")]
+    assert events(recorder) == [
+        begin("load"), end("load"), beat(1), beat(2), beat(3),
+        begin("checkpoint"), end("checkpoint"), begin("checkpoint"), end("checkpoint"),
+    ]
+
+
+def test_accelerate_module_does_not_import_accelerate(isolated_modules):
+    fresh_import("hangwatch.integrations.accelerate")
+    assert "accelerate" not in sys.modules

@@ -1,0 +1,118 @@
+"""What the agent receives for beats, phases and hello: fields, order and seq numbers as wire-protocol.md says."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import hangwatch
+from conftest import parse
+
+
+def test_first_message_is_hello_then_beats_in_order(agent):
+    hangwatch.beat(7)
+    hangwatch.beat()
+    hello, first, second = agent.recv(), agent.recv(), agent.recv()
+    assert (hello.tag, hello.type, hello.rank, hello.pid, hello.seq) == ("hw1", "hello", "3", os.getpid(), 1)
+    assert hello.fields == ["1", hangwatch.__version__]
+    assert (first.type, first.seq, first.fields) == ("beat", 2, ["7"])
+    assert (second.type, second.seq, second.fields) == ("beat", 3, ["-"])
+    assert hangwatch.stats()["sent"] == 3
+
+
+def test_unknown_rank_is_a_dash(agent, monkeypatch):
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("LOCAL_RANK", "not a number")
+    hangwatch.beat(1)
+    hello, beat = agent.recv(), agent.recv()
+    assert hello.rank == "-" and hello.fields[0] == "-"
+    assert beat.rank == "-"
+
+
+def test_steps_that_are_not_ints_never_raise(agent):
+    class Index:
+        def __index__(self):
+            return 11
+
+    hangwatch.beat(3.9)
+    hangwatch.beat(Index())
+    hangwatch.beat("12")
+    hangwatch.beat("twelve")
+    hangwatch.beat(object())
+    got = [m.fields[0] for m in agent.drain() if m.type == "beat"]
+    assert got == ["3", "11", "12", "-", "-"]
+
+
+def test_phases_nest_and_arrive_in_order(agent):
+    with hangwatch.phase("checkpoint"):
+        hangwatch.beat(1)
+        with hangwatch.phase("write shard 0"):
+            pass
+    msgs = [m for m in agent.drain() if m.type != "hello"]
+    assert [(m.type, m.fields) for m in msgs] == [
+        ("phase", ["begin", "checkpoint"]),
+        ("beat", ["1"]),
+        ("phase", ["begin", "write shard 0"]),
+        ("phase", ["end", "write shard 0"]),
+        ("phase", ["end", "checkpoint"]),
+    ]
+    assert [m.seq for m in msgs] == sorted(m.seq for m in msgs)
+
+
+def test_phase_as_decorator_ends_even_when_the_function_raises(agent):
+    @hangwatch.phase("eval")
+    def evaluate(fail):
+        if fail:
+            raise ValueError("boom")
+        return 42
+
+    assert evaluate(False) == 42
+    with pytest.raises(ValueError, match="boom"):
+        evaluate(True)
+    phases = [m.fields for m in agent.drain() if m.type == "phase"]
+    assert phases == [["begin", "eval"], ["end", "eval"]] * 2
+
+
+def test_phase_name_with_newline_stays_one_line(agent):
+    with hangwatch.phase("a\nb"):
+        pass
+    phases = [m for m in agent.drain() if m.type == "phase"]
+    assert phases[0].fields == ["begin", "a b"] and phases[0].body is None
+
+
+def test_seq_is_unique_across_threads(agent):
+    def worker():
+        for i in range(200):
+            hangwatch.beat(i)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    msgs = agent.drain()
+    dropped = hangwatch.stats()["dropped"]
+    seqs = [m.seq for m in msgs]
+    assert len(seqs) == len(set(seqs))
+    assert len(msgs) + dropped == 801
+    assert max(seqs) <= 801
+
+
+def test_import_pulls_in_no_framework():
+    code = (
+        "import sys, hangwatch, hangwatch.integrations; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'transformers', 'lightning', 'pytorch_lightning', 'accelerate', 'numpy')]; "
+        "print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_parse_helper_keeps_log_body():
+    msg = parse(b"hw1 log 0 12 5 20\nline one\nline two")
+    assert (msg.type, msg.fields, msg.body) == ("log", ["20"], "line one\nline two")
