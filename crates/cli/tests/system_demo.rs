@@ -24,6 +24,9 @@ fn demo_names_rank_0_in_write_on_the_frozen_mount_and_cleans_up() {
     assert_eq!(v["culprits"][0]["fstype"], "ext4");
     assert!(report.path().join("verdict.json").exists());
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains("hangwatch-demo-"), "the demo left its mount behind");
+    assert!(
+        !mounts.contains("hangwatch-demo-"),
+        "the demo left its mount behind"
+    );
     assert!(stderr.contains("[demo 4/4]"), "{stderr}");
 }

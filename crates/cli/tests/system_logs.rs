@@ -14,7 +14,7 @@ fn hundred_thousand_lines_survive_a_ten_second_freeze_in_order() {
     let work = tempfile::tempdir().unwrap();
     let stats = work.path().join("stats.json");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/python/flood.py");
-    let mut hw = Command::new(env!("CARGO_BIN_EXE_hangwatch"))
+    let hw = Command::new(env!("CARGO_BIN_EXE_hangwatch"))
         .args(["run", "--quiet", "--stall-after", "5m", "--log-file"])
         .arg(&log)
         .arg("--report-dir")
@@ -25,7 +25,7 @@ fn hundred_thousand_lines_survive_a_ten_second_freeze_in_order() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut guard = KillOnDrop(Some(hw.id()));
+    let mut hw = Interrupt(hw);
 
     assert!(
         wait_until(Duration::from_secs(30), Duration::from_millis(20), || {
@@ -42,7 +42,7 @@ fn hundred_thousand_lines_survive_a_ten_second_freeze_in_order() {
     let thawed_after = froze_at.elapsed();
 
     let status = loop {
-        if let Some(status) = hw.try_wait().unwrap() {
+        if let Some(status) = hw.0.try_wait().unwrap() {
             break status;
         }
         assert!(
@@ -51,9 +51,8 @@ fn hundred_thousand_lines_survive_a_ten_second_freeze_in_order() {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    let stderr = std::io::read_to_string(hw.stderr.take().unwrap()).unwrap_or_default();
+    let stderr = std::io::read_to_string(hw.0.stderr.take().unwrap()).unwrap_or_default();
     assert!(status.success(), "run failed: {status:?}\n{stderr}");
-    guard.0 = None;
 
     let text = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<&str> = text.lines().collect();
@@ -80,16 +79,26 @@ fn hundred_thousand_lines_survive_a_ten_second_freeze_in_order() {
     );
 }
 
-/// Interrupts hangwatch (by pid; it ends its job) if the test fails before hangwatch exits.
-struct KillOnDrop(Option<u32>);
+/// Interrupts hangwatch (it ends its job) and reaps it if the test fails before hangwatch exits.
+struct Interrupt(std::process::Child);
 
-impl Drop for KillOnDrop {
+impl Drop for Interrupt {
     fn drop(&mut self) {
-        if let Some(pid) = self.0 {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGINT,
-            );
+        if matches!(self.0.try_wait(), Ok(Some(_))) {
+            return;
         }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        );
+        let until = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < until {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
