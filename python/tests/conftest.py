@@ -129,3 +129,15 @@ def within(seconds: float, fn: Callable[[], None]) -> None:
     assert not t.is_alive(), "did not return within %.1f s: the client blocked" % seconds
     if errors:
         raise errors[0]
+
+
+def read_until_sent(agent: Agent, timeout: float = 10.0) -> List[Message]:
+    """Read as the agent would until the client has nothing queued, then a little longer for the last datagrams."""
+    from hangwatch import stats
+
+    deadline = time.monotonic() + timeout
+    out: List[Message] = []
+    while stats()["queued"]:
+        assert time.monotonic() < deadline, "the client still has %d queued" % stats()["queued"]
+        out += agent.drain(0.05)
+    return out + agent.drain(0.1)

@@ -10,7 +10,7 @@ import pytest
 
 import hangwatch
 from hangwatch import _client
-from conftest import within
+from conftest import read_until_sent, within
 
 
 @pytest.fixture
@@ -109,9 +109,7 @@ def test_order_holds_across_direct_queued_and_direct_again(agent, log):
     within(10, lambda: [log.info("stalled %d", i) for i in range(100)])
     assert hangwatch.stats()["queued"] > 0, "the agent did not read, so records must be waiting"
 
-    bodies = []
-    while hangwatch.stats()["queued"]:
-        bodies += [m.body for m in logs(agent.drain(0.05))]
+    bodies = [m.body for m in logs(read_until_sent(agent))]
     log.info("direct again")
     bodies += [m.body for m in logs(agent.drain(0.2))]
     assert bodies == ["INFO stalled %d" % i for i in range(100)] + ["INFO direct again"]
@@ -125,10 +123,7 @@ def test_queue_overflow_drops_new_records_counts_and_warns_once(agent, log, monk
     assert s["sent"] + s["queued"] + s["dropped"] == 301
     assert capsys.readouterr().err.count("new log/phase messages are dropped") == 1
 
-    bodies = []
-    deadline = time.monotonic() + 10
-    while (hangwatch.stats()["queued"] or not bodies) and time.monotonic() < deadline:
-        bodies += [m.body for m in logs(agent.drain(0.05))]
+    bodies = [m.body for m in logs(read_until_sent(agent))]
     numbers = [int(b.rsplit(" ", 1)[1]) for b in bodies]
     assert numbers == sorted(set(numbers)), "what is delivered keeps its order"
     assert numbers[:10] == list(range(10)), "the oldest were kept, newer ones dropped"

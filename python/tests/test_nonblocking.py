@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import hangwatch
-from conftest import within
+from conftest import read_until_sent, within
 
 
 def test_beats_never_block_when_the_agent_stops_reading(agent):
@@ -57,12 +58,41 @@ def test_phases_wait_in_order_while_beats_are_dropped(agent):
     within(30, work)
     s = hangwatch.stats()
     assert s["dropped_by_type"]["phase"] == 0
-    msgs = []
-    while hangwatch.stats()["queued"] or not msgs:
-        msgs += agent.drain(0.1)
-    msgs += agent.drain(0.1)
+    msgs = read_until_sent(agent)
     phases = [m.fields for m in msgs if m.type == "phase"]
     expected = []
     for i in range(0, 200, 50):
         expected += [["begin", "p%d" % i], ["end", "p%d" % i]]
     assert phases == expected
+
+
+def test_seq_gaps_at_the_agent_match_the_clients_drop_count(agent):
+    """The agent counts a rank's losses from gaps between consecutive seqs of a pid (crates/agent heartbeat.rs);
+    that only works if datagrams arrive in seq order, queued ones included."""
+    log = logging.getLogger("hw-gaps")
+    log.propagate = False
+    log.addHandler(hangwatch.LoggingHandler())
+
+    def stalled_agent():
+        for i in range(300):
+            hangwatch.beat(i)
+            if i % 10 == 0:
+                log.warning("record %d", i)
+            if i % 100 == 0:
+                with hangwatch.phase("p"):
+                    pass
+
+    try:
+        within(30, stalled_agent)
+        received = read_until_sent(agent)
+        hangwatch.beat(1000)
+        received += agent.drain(0.1)
+    finally:
+        log.handlers.clear()
+    seqs = [m.seq for m in received]
+    assert seqs == sorted(seqs)
+    gaps = sum(b - a - 1 for a, b in zip(seqs, seqs[1:]))
+    s = hangwatch.stats()
+    assert gaps == s["dropped"] > 0
+    assert s["dropped_by_type"]["log"] == s["dropped_by_type"]["phase"] == 0
+    assert len([m for m in received if m.type == "log"]) == 30

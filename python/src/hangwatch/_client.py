@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, Dict, Optional, Tuple
+from typing import Any, Deque, Dict, Optional
 
 from hangwatch._version import __version__
 
@@ -31,6 +31,9 @@ RECONNECT_INTERVAL_S = 1.0
 QUEUE_MAX_MESSAGES = 10_000
 QUEUE_MAX_BYTES = 16 * 1024 * 1024
 """Bounds of the ordered queue for hello/phase/log messages; past either, new messages are dropped and counted."""
+
+_SEQ_DIGITS = 20
+"""Room kept for the seq field when a message is cut to `MAX_MESSAGE_BYTES` before its seq is known."""
 
 IDLE_THREAD_EXIT_S = 5.0
 """The drain thread ends after this long with nothing queued, so an idle process carries no extra thread."""
@@ -122,10 +125,10 @@ def post(mtype: bytes, rest: bytes, kind: str) -> None:
     try:
         if _send is None and not _connect_if_due() and _mode == _DISABLED:
             return
-        data = PROTOCOL + b" " + mtype + _header_tail + b"%d " % _next_seq() + rest
-        if len(data) > MAX_MESSAGE_BYTES:
-            data = truncate(data, MAX_MESSAGE_BYTES)
-        _outbox.put(data, kind)
+        room = MAX_MESSAGE_BYTES - len(PROTOCOL + b"  " + mtype + _header_tail) - _SEQ_DIGITS
+        if len(rest) > room:
+            rest = truncate(rest, room)
+        _outbox.put(_Item(mtype, rest, kind))
     except Exception:
         pass
 
@@ -155,12 +158,12 @@ def stats() -> Dict[str, Any]:
         by_type = dict(_dropped)
     dropped = sum(by_type.values())
     queued = _outbox.pending()
-    used = _seq_used()
+    sent = _seq_used() - dropped - _outbox.pending_with_seq()
     return {
         "enabled": _mode != _DISABLED,
         "connected": _send is not None,
         "socket": _path,
-        "sent": max(0, used - dropped - queued),
+        "sent": max(0, sent),
         "dropped": dropped,
         "queued": queued,
         "dropped_by_type": by_type,
@@ -319,50 +322,79 @@ def _wait_writable(timeout: float) -> None:
     time.sleep(timeout)
 
 
+class _Item:
+    """A hello/phase/log message; its seq is taken at the first send attempt, so seqs reach the agent in order."""
+
+    __slots__ = ("mtype", "rest", "kind", "seq")
+
+    def __init__(self, mtype: bytes, rest: bytes, kind: str) -> None:
+        self.mtype = mtype
+        self.rest = rest
+        self.kind = kind
+        self.seq = 0
+
+    def frame(self) -> bytes:
+        if not self.seq:
+            self.seq = _next_seq()
+        return PROTOCOL + b" " + self.mtype + _header_tail + b"%d " % self.seq + self.rest
+
+    def drop(self) -> None:
+        """Count it; a seq is still used up so the agent sees the gap."""
+        if not self.seq:
+            self.seq = _next_seq()
+        _drop(self.kind)
+
+
 class _Outbox:
     """Ordered, bounded queue of hello/phase/log datagrams; direct send while it is empty, daemon thread otherwise."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
-        self.items: Deque[Tuple[bytes, str]] = deque()
+        self.items: Deque[_Item] = deque()
         self.nbytes = 0
-        self.inflight: Optional[Tuple[bytes, str]] = None
+        self.inflight: Optional[_Item] = None
         self.thread: Optional[threading.Thread] = None
         self.closed = False
 
     def pending(self) -> int:
         return len(self.items) + (1 if self.inflight is not None else 0)
 
-    def put(self, data: bytes, kind: str) -> None:
-        if not self._put(data, kind):
-            _drop(kind)
+    def pending_with_seq(self) -> int:
+        with self.lock:
+            waiting = [self.inflight] + list(self.items)
+        return sum(1 for item in waiting if item is not None and item.seq)
+
+    def put(self, item: _Item) -> None:
+        if not self._put(item):
+            item.drop()
             _warn_once(
                 "overflow",
                 "the agent is not taking messages and %d are queued; new log/phase messages are dropped "
                 "and counted, see hangwatch.stats()" % len(self.items),
             )
 
-    def _put(self, data: bytes, kind: str) -> bool:
+    def _put(self, item: _Item) -> bool:
         """False when the queue is full (the caller counts and warns outside the lock)."""
         with self.lock:
             if not self.items and self.inflight is None:
                 send = _send
                 if send is not None:
                     try:
-                        send(data)
+                        send(item.frame())
                         return True
                     except BlockingIOError:
                         pass
                     except OSError as exc:
                         if exc.errno not in _PEER_GONE:
-                            _drop(kind)
+                            item.drop()
                             return True
                         _send_failed(send, exc, None)
-            if len(self.items) >= QUEUE_MAX_MESSAGES or self.nbytes + len(data) > QUEUE_MAX_BYTES:
+            size = len(item.rest)
+            if len(self.items) >= QUEUE_MAX_MESSAGES or self.nbytes + size > QUEUE_MAX_BYTES:
                 return False
-            self.items.append((data, kind))
-            self.nbytes += len(data)
+            self.items.append(item)
+            self.nbytes += size
             if self.thread is None or not self.thread.is_alive():
                 thread = threading.Thread(target=self._run, name="hangwatch-outbox", daemon=True)
                 try:
@@ -400,41 +432,38 @@ class _Outbox:
                 if self.closed:
                     return
                 item = self.items.popleft()
-                self.nbytes -= len(item[0])
+                self.nbytes -= len(item.rest)
                 self.inflight = item
             try:
-                self._deliver(*item)
+                self._deliver(item)
             except Exception:
-                _drop(item[1])
+                item.drop()
             with self.lock:
                 self.inflight = None
                 self.cond.notify_all()
 
-    def _deliver(self, data: bytes, kind: str) -> None:
+    def _deliver(self, item: _Item) -> None:
         while not self.closed:
             send = _send
             if send is None:
                 if _connect_if_due():
                     continue
                 if _mode == _DISABLED:
-                    _drop(kind)
+                    item.drop()
                     return
                 with self.lock:
                     self.cond.wait(max(0.01, _retry_at - time.monotonic()))
                 continue
             try:
-                send(data)
+                send(item.frame())
                 return
             except BlockingIOError:
                 _wait_writable(0.05)
             except OSError as exc:
                 if exc.errno not in _PEER_GONE:
-                    _drop(kind)
+                    item.drop()
                     return
                 _send_failed(send, exc, None)
-            except Exception:
-                _drop(kind)
-                return
 
 
 _outbox = _Outbox()
