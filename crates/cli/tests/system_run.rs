@@ -688,6 +688,83 @@ fn job_that_ends_by_itself_passes_its_exit_code_through() {
     assert!(!done.report_dir.join("verdict.json").exists());
 }
 
+/// A shell job for `--nproc` ranks where some ranks exit only after another has: `wait_exit FILE` waits until the
+/// rank that wrote its pid to FILE is a zombie or gone, so the order of exits is fixed, only milliseconds apart.
+fn ordered_exits_job(dir: &Path, script: &str) -> Vec<String> {
+    let prelude = format!(
+        r#"d='{dir}'
+announce() {{ echo $$ > "$d/$1.tmp" && mv "$d/$1.tmp" "$d/$1"; }}
+wait_exit() {{
+  while [ ! -s "$d/$1" ]; do sleep 0.01; done
+  p=$(cat "$d/$1")
+  while [ -e /proc/$p ] && ! grep -q ') Z' /proc/$p/stat 2>/dev/null; do sleep 0.01; done
+}}
+"#,
+        dir = dir.display()
+    );
+    vec!["sh".into(), "-c".into(), prelude + script]
+}
+
+/// Regression test for: the exit code is taken from the first rank hangwatch *noticed* failing, one supervision tick
+/// (100 ms) at a time, with ties broken by rank order, rather than from the rank that failed first.
+#[test]
+fn the_first_rank_to_fail_gives_the_exit_code_even_when_a_peer_fails_right_after() {
+    for _ in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let mut run = HangwatchRun::start(
+            &["--nproc", "2", "--quiet"],
+            &ordered_exits_job(
+                dir.path(),
+                r#"if [ "$RANK" = 1 ]; then announce first; exit 3; fi
+wait_exit first; exit 5"#,
+            ),
+        );
+        let done = run.finish(Duration::from_secs(20));
+        assert_eq!(
+            done.code,
+            Some(3),
+            "rank 1 exited with 3 before rank 0 exited with 5; hangwatch passed on {:?}\n{}",
+            done.code,
+            done.describe()
+        );
+    }
+}
+
+/// One rank crashes; two peers fail after it (as NCCL/gloo peers do when a connection is reset); one keeps
+/// waiting. The rank to blame is the one that failed first, with its own exit code.
+#[test]
+fn the_rank_that_failed_first_leads_the_verdict_when_peers_fail_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = HangwatchRun::start(
+        &["--nproc", "4", "--stall-after", STALL_AFTER, "--quiet"],
+        &ordered_exits_job(
+            dir.path(),
+            r#"case "$RANK" in
+  3) announce crashed; exit 3 ;;
+  1|2) wait_exit crashed; exit 1 ;;
+  *) exec sleep 60 ;;
+esac"#,
+        ),
+    );
+    let done = run.finish(Duration::from_secs(30));
+    done.assert_code(75);
+    assert_eq!(done.json["kind"], "exited", "{}", done.describe());
+    let culprits: Vec<u64> = done.json["culprits"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["rank"].as_u64())
+        .collect();
+    assert!(culprits.contains(&3), "rank 3 is not named: {culprits:?}");
+    let summary = done.json["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.starts_with("rank 3 ") && summary.contains("code 3"),
+        "the summary should lead with rank 3, which crashed first (code 3), not with a rank that failed after it: \
+         {summary}"
+    );
+    assert_all_dead(done.rank_pids().into_values(), "ranks");
+}
+
 #[test]
 fn healthy_job_with_a_long_pause_is_no_false_alarm_under_default_settings() {
     let py = require!(python());
