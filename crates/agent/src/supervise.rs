@@ -103,7 +103,8 @@ pub enum RunError {
 
 /// A process of the job: one hangwatch started, or a rank found below the launcher.
 struct JobProc {
-    child: Option<Child>,
+    /// Filled by the thread that waits for this child: the status and the moment it exited.
+    waited: Option<ExitSlot>,
     pid: i32,
     pgid: i32,
     rank: Option<u32>,
@@ -126,15 +127,14 @@ impl JobProcess for JobProc {
         if self.exit.is_some() {
             return true;
         }
-        match &mut self.child {
-            Some(child) => match child.try_wait() {
-                Ok(Some(status)) => {
+        match &self.waited {
+            Some(slot) => match *slot.lock().unwrap_or_else(|e| e.into_inner()) {
+                Some((status, at)) => {
                     self.exit = Some(status);
-                    self.exited_at = Some(Instant::now());
+                    self.exited_at = Some(at);
                     true
                 }
-                Ok(None) => false,
-                Err(_) => true,
+                None => false,
             },
             None => {
                 let gone = !std::path::Path::new(&format!("/proc/{}", self.pid)).exists()
@@ -148,6 +148,27 @@ impl JobProcess for JobProc {
             }
         }
     }
+}
+
+/// Where a waiter thread leaves a child's exit status and the moment it exited.
+type ExitSlot = Arc<std::sync::Mutex<Option<(ExitStatus, Instant)>>>;
+
+/// Waits for `child` in a thread of its own, so that the order in which ranks exit is known exactly (the first
+/// to fail gives the exit code and leads the verdict), not rounded to the supervision tick.
+fn wait_in_background(mut child: Child) -> ExitSlot {
+    let slot: ExitSlot = Arc::default();
+    let theirs = Arc::clone(&slot);
+    let spawned = std::thread::Builder::new()
+        .name("hw-wait".into())
+        .spawn(move || {
+            if let Ok(status) = child.wait() {
+                *theirs.lock().unwrap_or_else(|e| e.into_inner()) = Some((status, Instant::now()));
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start a thread to wait for a rank");
+    }
+    slot
 }
 
 /// Exit code as shells report it: the code, or 128 + signal.
@@ -232,7 +253,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
             drain(err, rank, Stream::Stderr, ctx.clone());
         }
         procs.push(JobProc {
-            child: Some(child),
+            waited: Some(wait_in_background(child)),
             pid,
             pgid: pid,
             rank,
@@ -553,7 +574,7 @@ impl Supervisor {
                     let pgid = self.procfs.stat(pid).map(|s| s.pgrp).unwrap_or(pid);
                     tracing::info!(pid, rank, "found a rank below the launcher");
                     self.procs.push(JobProc {
-                        child: None,
+                        waited: None,
                         pid,
                         pgid,
                         rank: Some(rank),
@@ -675,6 +696,7 @@ impl Supervisor {
                 if p.exit.is_some() || p.exited_at.is_some() {
                     obs.exited = true;
                     obs.exit_code = p.exit.as_ref().map(shell_code);
+                    obs.exited_at_unix_s = p.exited_at.map(unix_time_of);
                     obs.threads.clear();
                 }
             }
@@ -848,6 +870,15 @@ impl Supervisor {
             interrupted_by: self.interrupted,
         }
     }
+}
+
+/// Seconds since the epoch of a past `Instant`.
+fn unix_time_of(at: Instant) -> f64 {
+    let now_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    now_unix - at.elapsed().as_secs_f64()
 }
 
 /// Evidence strong enough to act on at the soft threshold: a rank blocked in the kernel on a filesystem that

@@ -134,6 +134,13 @@ pub fn roll_call(input: &RollCallInput) -> Verdict {
             _ => Condition::Exited,
         };
         culprit_idx.retain(|&i| entries[i].position.condition == keep);
+        if keep == Condition::Exited {
+            // The first to exit is the cause; the others followed it.
+            culprit_idx.sort_by(|&a, &b| {
+                let t = |i: usize| entries[i].process.exited_at_unix_s.unwrap_or(f64::INFINITY);
+                t(a).total_cmp(&t(b))
+            });
+        }
     }
 
     if kind.is_none() && entries.len() > 1 {
@@ -399,10 +406,10 @@ fn summarize(
         }
     };
     let first = culprits.first().map(|&i| &entries[i]);
-    let more = if culprits.len() > 1 {
-        format!(" (and {} more like it)", culprits.len() - 1)
-    } else {
-        String::new()
+    let more = match culprits.len() {
+        0 | 1 => String::new(),
+        n if kind == VerdictKind::Exited => format!(" first ({} more exited after it)", n - 1),
+        n => format!(" (and {} more like it)", n - 1),
     };
     match (kind, first) {
         (VerdictKind::BlockedInKernel, Some(e)) => {

@@ -391,3 +391,26 @@ proptest! {
         prop_assert!(!v.summary.is_empty());
     }
 }
+
+/// Regression: rank 3 crashed (code 3), ranks 1 and 2 failed after it (code 1); the verdict leads with rank 3.
+#[test]
+fn the_first_rank_to_exit_leads_an_exited_verdict() {
+    let mut procs = ranks(4);
+    for (rank, code, at) in [(1usize, 1, 20.5), (2, 1, 20.4), (3, 3, 20.0)] {
+        procs[rank].exited = true;
+        procs[rank].exit_code = Some(code);
+        procs[rank].exited_at_unix_s = Some(at);
+        procs[rank].threads.clear();
+    }
+    let v = roll_call(&input(procs, vec![]));
+    assert_eq!(v.kind, VerdictKind::Exited);
+    let order: Vec<Option<u32>> = v.culprits.iter().map(|c| c.rank).collect();
+    assert_eq!(order, vec![Some(3), Some(2), Some(1)]);
+    assert!(v.summary.starts_with("rank 3 "), "{}", v.summary);
+    assert!(
+        v.summary
+            .contains("exited (code 3) first (2 more exited after it)"),
+        "{}",
+        v.summary
+    );
+}

@@ -16,6 +16,9 @@ pub struct ProcessObservation {
     pub exited: bool,
     /// Exit status when hangwatch is its parent and reaped it.
     pub exit_code: Option<i32>,
+    /// When it exited (seconds since the epoch), when known: the first rank to fail is the one to blame.
+    #[serde(default)]
+    pub exited_at_unix_s: Option<f64>,
     pub threads: Vec<ThreadObservation>,
     /// Non-zero when a tracer (py-spy, strace, gdb) is attached.
     pub tracer_pid: Option<i32>,
