@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 import pytest
-
 from hangwatch import _client
 
 
@@ -38,7 +37,8 @@ def parse(data: bytes) -> Message:
         fields = [parts[5], " ".join(parts[6:])]
     else:
         fields = parts[5:]
-    return Message(parts[0], parts[1], parts[2], int(parts[3]), int(parts[4]), fields, body if "\n" in text else None, data)
+    body_or_none = body if "\n" in text else None
+    return Message(parts[0], parts[1], parts[2], int(parts[3]), int(parts[4]), fields, body_or_none, data)
 
 
 class Agent:

@@ -14,11 +14,10 @@ import types
 from types import SimpleNamespace
 
 import pytest
-
 from hangwatch import _client
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
-HAS_LIGHTNING = importlib.util.find_spec("lightning") is not None or importlib.util.find_spec("pytorch_lightning") is not None
+HAS_LIGHTNING = any(importlib.util.find_spec(name) for name in ("lightning", "pytorch_lightning"))
 
 
 @pytest.fixture
@@ -109,14 +108,18 @@ TRANSFORMERS_EXPECTED = (
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed")
 def test_transformers_callback_with_the_real_trainer_flow(recorder, tmp_path):
+    from hangwatch.integrations.transformers import HangwatchCallback
     from transformers import TrainerControl, TrainerState, TrainingArguments
     from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
-    from hangwatch.integrations.transformers import HangwatchCallback
-
     args = TrainingArguments(
-        output_dir=str(tmp_path), eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=3,
-        logging_steps=100, report_to=[],
+        output_dir=str(tmp_path),
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=3,
+        logging_steps=100,
+        report_to=[],
     )
     handler = CallbackHandler([DefaultFlowCallback, HangwatchCallback()], None, None, None, None)
     state = TrainerState(max_steps=100)
@@ -182,7 +185,7 @@ def run_lightning_fit(cb, trainer):
     cb.on_validation_start(trainer, None)
     cb.on_validation_batch_end(trainer, None, None, None, 0)
     cb.on_validation_end(trainer, None)
-    for epoch in range(2):
+    for _epoch in range(2):
         cb.on_train_epoch_start(trainer, None)
         for batch_idx in range(2):
             cb.on_train_batch_start(trainer, None, None, batch_idx)
@@ -275,11 +278,23 @@ def test_accelerate_watch_beats_and_phases(recorder):
     assert acc.save_state("ckpt/1") == "ckpt/1"
     with pytest.raises(OSError, match="disk full"):
         acc.save_model(None, "out")
-    assert acc.calls == [("load_state", "ckpt/0"), ("backward", 1.0), ("backward", 2.0), ("backward", 3.0),
-                         ("save_state", "ckpt/1")]
+    assert acc.calls == [
+        ("load_state", "ckpt/0"),
+        ("backward", 1.0),
+        ("backward", 2.0),
+        ("backward", 3.0),
+        ("save_state", "ckpt/1"),
+    ]
     assert events(recorder) == [
-        begin("load"), end("load"), beat(1), beat(2), beat(3),
-        begin("checkpoint"), end("checkpoint"), begin("checkpoint"), end("checkpoint"),
+        begin("load"),
+        end("load"),
+        beat(1),
+        beat(2),
+        beat(3),
+        begin("checkpoint"),
+        end("checkpoint"),
+        begin("checkpoint"),
+        end("checkpoint"),
     ]
 
 

@@ -1,4 +1,4 @@
-"""LoggingHandler: every record reaches the agent in order, even while the agent reads slowly; the caller never waits."""
+"""LoggingHandler: every record reaches the agent in order, even while it reads slowly; the caller never waits."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ import logging
 import threading
 import time
 
-import pytest
-
 import hangwatch
-from hangwatch import _client
+import pytest
 from conftest import read_until_sent, within
+from hangwatch import _client
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import os
 import socket
 
 import hangwatch
-from hangwatch import _client
 from conftest import within
+from hangwatch import _client
 
 
 def test_without_variable_everything_is_a_noop(capsys):

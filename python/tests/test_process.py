@@ -13,9 +13,8 @@ import threading
 import time
 import traceback
 
-import pytest
-
 import hangwatch
+import pytest
 from conftest import within
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
 
-import pytest
-
 import hangwatch
+import pytest
 from conftest import parse
 
 
@@ -116,3 +116,17 @@ def test_import_pulls_in_no_framework():
 def test_parse_helper_keeps_log_body():
     msg = parse(b"hw1 log 0 12 5 20\nline one\nline two")
     assert (msg.type, msg.fields, msg.body) == ("log", ["20"], "line one\nline two")
+
+
+def test_abstract_socket_name(monkeypatch):
+    name = "hw-test-%d" % os.getpid()
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind("\0" + name)
+    receiver.settimeout(2)
+    try:
+        monkeypatch.setenv("HANGWATCH_SOCKET", "@" + name)
+        hangwatch.beat(9)
+        assert parse(receiver.recv(1000)).type == "hello"
+        assert parse(receiver.recv(1000)).fields == ["9"]
+    finally:
+        receiver.close()

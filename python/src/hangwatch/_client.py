@@ -57,6 +57,8 @@ _PEER_GONE = frozenset(
 # Hot-path state lives in module globals: a global load is the cheapest lookup CPython offers.
 _send: Any = None
 _beat_prefix = b""
+_beat_format = b""
+_beat_no_step = b""
 _seq_counter = itertools.count(1)
 _next_seq = _seq_counter.__next__
 
@@ -76,14 +78,15 @@ def beat(step: Optional[int] = None) -> None:
     """One unit of progress; `step` is the training step if the caller knows it."""
     send = _send
     if send is None:
-        _beat_cold(step)
+        if _mode != _DISABLED:
+            _beat_cold(step)
         return
     seq = _next_seq()
     try:
         if step is None:
-            send(_beat_prefix + b"%d -" % seq)
+            send(_beat_no_step % seq)
         else:
-            send(_beat_prefix + b"%d %d" % (seq, step))
+            send(_beat_format % (seq, step))
     except BlockingIOError:
         _drop("beat")
     except OSError as exc:
@@ -201,7 +204,7 @@ def _warn_once(key: str, text: str) -> None:
 
 
 def _init_from_env() -> None:
-    global _mode, _path, _header_tail, _beat_prefix, _local_rank, _retry_at
+    global _mode, _path, _header_tail, _beat_prefix, _beat_format, _beat_no_step, _local_rank, _retry_at
     with _conn_lock:
         if _mode != _UNINIT:
             return
@@ -214,6 +217,8 @@ def _init_from_env() -> None:
         pid = b"%d" % os.getpid()
         _path = path
         _beat_prefix = PROTOCOL + b" beat " + rank + b" " + pid + b" "
+        _beat_format = _beat_prefix + b"%d %d"
+        _beat_no_step = _beat_prefix + b"%d -"
         _header_tail = b" " + rank + b" " + pid + b" "
         _retry_at = 0.0
         _mode = _DOWN
@@ -301,8 +306,7 @@ def _send_failed(send: Any, exc: OSError, kind: Optional[str]) -> None:
         sock, _sock = _sock, None
     _warn_once(
         "lost",
-        "lost the agent at %s (%s); messages are dropped and counted until it is back"
-        % (_path, exc.strerror or exc),
+        "lost the agent at %s (%s); messages are dropped and counted until it is back" % (_path, exc.strerror or exc),
     )
     if sock is not None:
         try:
@@ -475,7 +479,8 @@ def _reset(forked: bool = False) -> None:
     Runs in a forked child (`forked`: its messages carry its own pid and seq from 1, and the parent's locks and
     drain thread are not touched because they may be mid-use by threads that do not exist here) and in tests.
     """
-    global _send, _beat_prefix, _seq_counter, _next_seq, _mode, _path, _sock, _header_tail, _local_rank
+    global _send, _beat_prefix, _beat_format, _beat_no_step, _seq_counter, _next_seq, _mode, _path, _sock
+    global _header_tail, _local_rank
     global _retry_at, _conn_lock, _stats_lock, _dropped, _warned, _outbox
     old_sock, old_outbox = _sock, _outbox
     _send = None
@@ -483,6 +488,8 @@ def _reset(forked: bool = False) -> None:
     _stats_lock = threading.Lock()
     _outbox = _Outbox()
     _beat_prefix = b""
+    _beat_format = b""
+    _beat_no_step = b""
     _seq_counter = itertools.count(1)
     _next_seq = _seq_counter.__next__
     _mode = _UNINIT

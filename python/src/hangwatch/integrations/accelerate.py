@@ -27,7 +27,7 @@ def watch(accelerator: T) -> T:
         return accelerator
     backward = getattr(accelerator, "backward", None)
     if callable(backward):
-        setattr(accelerator, "backward", _beating(backward))
+        accelerator.backward = _beating(backward)  # type: ignore[attr-defined]
     for method, name in _PHASED.items():
         original = getattr(accelerator, method, None)
         if callable(original):
