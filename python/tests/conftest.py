@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 import pytest
+
 from hangwatch import _client
 
 

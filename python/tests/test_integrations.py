@@ -14,6 +14,7 @@ import types
 from types import SimpleNamespace
 
 import pytest
+
 from hangwatch import _client
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -108,9 +109,10 @@ TRANSFORMERS_EXPECTED = (
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed")
 def test_transformers_callback_with_the_real_trainer_flow(recorder, tmp_path):
-    from hangwatch.integrations.transformers import HangwatchCallback
     from transformers import TrainerControl, TrainerState, TrainingArguments
     from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+
+    from hangwatch.integrations.transformers import HangwatchCallback
 
     args = TrainingArguments(
         output_dir=str(tmp_path),

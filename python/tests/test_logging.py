@@ -6,8 +6,9 @@ import logging
 import threading
 import time
 
-import hangwatch
 import pytest
+
+import hangwatch
 from conftest import read_until_sent, within
 from hangwatch import _client
 

@@ -13,8 +13,9 @@ import threading
 import time
 import traceback
 
-import hangwatch
 import pytest
+
+import hangwatch
 from conftest import within
 
 

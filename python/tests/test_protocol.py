@@ -8,8 +8,9 @@ import subprocess
 import sys
 import threading
 
-import hangwatch
 import pytest
+
+import hangwatch
 from conftest import parse
 
 
