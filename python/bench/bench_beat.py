@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
@@ -91,17 +92,20 @@ def loop_mean(calls: int) -> float:
     return (time.perf_counter_ns() - t0) / calls
 
 
-def report(name: str, ts: list, mean: float = 0.0, counts: bool = True) -> None:
+def report(name: str, ts: list, mean: float = 0.0, since: Optional[dict] = None) -> None:
+    """One row; `since`: the stats before the measured calls, so warm-up sends are not counted."""
     ts = sorted(ts)
     median = ts[len(ts) // 2]
     p99 = ts[min(len(ts) - 1, int(len(ts) * 0.99))]
-    s = hangwatch.stats()
     loop = "%7.0f" % mean if mean else "      -"
-    tail = "   sent %-7d dropped %d" % (s["sent"], s["dropped"]) if counts else ""
+    tail = ""
+    if since is not None:
+        s = hangwatch.stats()
+        tail = "   sent %-7d dropped %d" % (s["sent"] - since["sent"], s["dropped"] - since["dropped"])
     print("%-46s %8d %8d %s %12.5f%%%s" % (name, median, p99, loop, 100.0 * median / STEP_NS, tail))
 
 
-def scenario(env_path, warm: int = 1000) -> None:
+def scenario(env_path: Optional[str], warm: int = 1000) -> dict:
     if env_path is None:
         os.environ.pop(_client.ENV_SOCKET, None)
     else:
@@ -109,6 +113,8 @@ def scenario(env_path, warm: int = 1000) -> None:
     _client._reset()
     for i in range(warm):
         hangwatch.beat(i)
+    time.sleep(0.2)
+    return hangwatch.stats()
 
 
 def main() -> None:
@@ -131,29 +137,27 @@ def main() -> None:
     try:
         reader.stdout.readline()
 
-        scenario(None)
-        report("no HANGWATCH_SOCKET (disabled)", time_calls(args.calls, overhead), loop_mean(args.calls))
+        since = scenario(None)
+        report("no HANGWATCH_SOCKET (disabled)", time_calls(args.calls, overhead), loop_mean(args.calls), since)
 
-        scenario(path)
-        report("agent reading, tight loop", time_calls(args.calls, overhead), loop_mean(args.calls))
+        since = scenario(path)
+        report("agent reading, tight loop", time_calls(args.calls, overhead), loop_mean(args.calls), since)
 
-        scenario(path)
-        report(
-            "agent reading, one beat per %g ms" % args.pace_ms,
-            time_calls(args.paced, overhead, args.pace_ms / 1000.0),
-        )
+        since = scenario(path)
+        paced = time_calls(args.paced, overhead, args.pace_ms / 1000.0)
+        report("agent reading, one beat per %g ms" % args.pace_ms, paced, since=since)
 
-        report("floor: raw sock.send, tight loop", time_raw_send(path, args.calls, overhead), counts=False)
+        report("floor: raw sock.send, tight loop", time_raw_send(path, args.calls, overhead))
         report(
             "floor: raw sock.send, one per %g ms" % args.pace_ms,
             time_raw_send(path, args.paced, overhead, args.pace_ms / 1000.0),
-            counts=False,
         )
 
-        scenario(path)
+        since = scenario(path)
         real_send = _client._send
         _client._send = len
-        report("python side only (send replaced by len)", time_calls(args.calls, overhead), loop_mean(args.calls))
+        ts = time_calls(args.calls, overhead)
+        report("python side only (send replaced by len)", ts, loop_mean(args.calls), since)
         _client._send = real_send
     finally:
         reader.kill()
@@ -166,14 +170,15 @@ def main() -> None:
     idle = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     idle.bind(path)
     try:
-        scenario(path)
-        report("agent bound, not reading (every beat dropped)", time_calls(args.calls, overhead), loop_mean(args.calls))
+        since = scenario(path)
+        ts = time_calls(args.calls, overhead)
+        report("agent bound, not reading (every beat dropped)", ts, loop_mean(args.calls), since)
     finally:
         idle.close()
         os.unlink(path)
 
-    scenario(os.path.join(tmp, "nobody.sock"))
-    report("path nobody listens on (dropped)", time_calls(args.calls, overhead), loop_mean(args.calls))
+    since = scenario(os.path.join(tmp, "nobody.sock"))
+    report("path nobody listens on (dropped)", time_calls(args.calls, overhead), loop_mean(args.calls), since)
     os.rmdir(tmp)
 
 
