@@ -303,3 +303,18 @@ def test_accelerate_watch_beats_and_phases(recorder):
 def test_accelerate_module_does_not_import_accelerate(isolated_modules):
     fresh_import("hangwatch.integrations.accelerate")
     assert "accelerate" not in sys.modules
+
+
+def test_callbacks_never_raise_on_objects_without_the_expected_fields(recorder, isolated_modules):
+    stand_in("transformers", TrainerCallback=type("TrainerCallback", (), {}))
+    stand_in("lightning")
+    stand_in("lightning.pytorch", Callback=type("Callback", (StandInBase,), {}))
+    hf = fresh_import("hangwatch.integrations.transformers").HangwatchCallback()
+    for hook in ("on_step_end", "on_substep_end", "on_epoch_end", "on_prediction_step", "on_evaluate", "on_save"):
+        getattr(hf, hook)(None, None, None)
+    pl = fresh_import("hangwatch.integrations.lightning").HangwatchCallback()
+    pl.on_train_batch_end(None, None, None, None, 0)
+    pl.on_validation_start(None, None)
+    pl.on_save_checkpoint(None, None, None)
+    pl.teardown(None, None, "fit")
+    assert ("beat", ["-"]) in recorder.seen

@@ -29,7 +29,7 @@ class HangwatchCallback(TrainerCallback):
         self._phases = OpenPhases()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        _client.beat(state.global_step)
+        _client.beat(getattr(state, "global_step", None))
         self._before_log_save_evaluate(control)
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
