@@ -142,3 +142,13 @@ def read_until_sent(agent: Agent, timeout: float = 10.0) -> List[Message]:
         assert time.monotonic() < deadline, "the client still has %d queued" % stats()["queued"]
         out += agent.drain(0.05)
     return out + agent.drain(0.1)
+
+
+def child_env() -> dict:
+    """The environment for a child Python that must import this checkout's hangwatch, installed or not."""
+    import hangwatch
+
+    src = os.path.dirname(os.path.dirname(os.path.abspath(hangwatch.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    return env

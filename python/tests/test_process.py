@@ -16,7 +16,7 @@ import traceback
 import pytest
 
 import hangwatch
-from conftest import within
+from conftest import child_env, within
 
 
 def wait_child(pid: int, seconds: float) -> int:
@@ -128,7 +128,7 @@ EXIT_SCRIPT = textwrap.dedent(
 
 
 def test_exit_delivers_queued_records(agent):
-    proc = subprocess.Popen([sys.executable, "-c", EXIT_SCRIPT], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", EXIT_SCRIPT], stdout=subprocess.PIPE, text=True, env=child_env())
     try:
         queued_line = proc.stdout.readline()
         msgs = agent.drain(0.5)
@@ -143,7 +143,9 @@ def test_exit_delivers_queued_records(agent):
 
 def test_exit_is_bounded_when_the_agent_never_reads(agent):
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=30, env=child_env()
+    )
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0
     assert int(proc.stdout.split()[1]) > 0

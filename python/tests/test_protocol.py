@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import hangwatch
-from conftest import parse
+from conftest import child_env, parse
 
 
 def test_first_message_is_hello_then_beats_in_order(agent):
@@ -110,7 +110,7 @@ def test_import_pulls_in_no_framework():
         "('torch', 'transformers', 'lightning', 'pytorch_lightning', 'accelerate', 'numpy')]; "
         "print(bad)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=child_env())
     assert out.stdout.strip() == "[]"
 
 
