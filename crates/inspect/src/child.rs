@@ -178,9 +178,17 @@ fn drain_once<R: Read>(pipe: &mut Option<R>, into: &mut Vec<u8>) -> std::io::Res
     Ok(())
 }
 
-/// The path of the running hangwatch binary, for re-executing it as a child (`__probe-child`, `__inspect-child`).
+/// The running hangwatch binary, for re-executing it as a child (`__probe-child`, `__inspect-child`).
+///
+/// `/proc/self/exe` rather than the binary's path: a job runs for days, and a hangwatch upgraded (or rebuilt) in
+/// the meantime replaces the file at that path; the link keeps pointing at the binary that is running.
 pub fn self_exe() -> std::io::Result<std::path::PathBuf> {
-    std::env::current_exe()
+    let link = std::path::PathBuf::from("/proc/self/exe");
+    if link.exists() {
+        Ok(link)
+    } else {
+        std::env::current_exe()
+    }
 }
 
 #[cfg(test)]
@@ -235,6 +243,21 @@ mod tests {
         cmd.args(["-c", "exec >/dev/null 2>&1; sleep 30"]);
         let outcome = run_with_deadline(cmd, Duration::from_millis(200)).unwrap();
         assert!(matches!(outcome, ChildOutcome::TimedOut { .. }));
+    }
+
+    #[test]
+    fn self_exe_runs_this_binary_even_if_its_file_is_replaced() {
+        let exe = self_exe().unwrap();
+        assert_eq!(exe, std::path::PathBuf::from("/proc/self/exe"));
+        let mut cmd = Command::new(&exe);
+        cmd.arg("--list");
+        match run_with_deadline(cmd, Duration::from_secs(20)).unwrap() {
+            ChildOutcome::Finished { status, stdout, .. } => {
+                assert!(status.success());
+                assert!(String::from_utf8_lossy(&stdout).contains("self_exe_runs_this_binary"));
+            }
+            other => panic!("expected Finished, got {other:?}"),
+        }
     }
 
     #[test]

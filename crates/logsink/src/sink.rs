@@ -62,7 +62,13 @@ impl WriterCommand {
 
     /// The running binary (it must be hangwatch).
     pub fn current_exe() -> std::io::Result<Self> {
-        std::env::current_exe().map(Self::hangwatch)
+        // The link, not the path: a binary replaced while a long job runs must not break the writer's restarts.
+        let link = PathBuf::from("/proc/self/exe");
+        if link.exists() {
+            Ok(Self::hangwatch(link))
+        } else {
+            std::env::current_exe().map(Self::hangwatch)
+        }
     }
 
     fn command(&self, dest: &Path) -> Command {
