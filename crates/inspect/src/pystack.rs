@@ -65,13 +65,17 @@ pub struct StackReadOptions {
 }
 
 impl StackReadOptions {
-    /// Defaults for the running binary: 1 s per pid, 4 s in all, two children.
+    /// Defaults for the running binary: 1 s per pid, 4 s in all, a child per core.
     pub fn for_self() -> std::io::Result<Self> {
         Ok(Self {
             program: crate::child::self_exe()?,
             per_pid_timeout: Duration::from_secs(1),
             total_timeout: Duration::from_secs(4),
-            parallelism: 2,
+            // Reading a stack is CPU-bound (py-spy parses the interpreter binary of each rank, ~7 ms): one child
+            // per core.
+            parallelism: std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .clamp(2, 16),
         })
     }
 }
