@@ -49,7 +49,9 @@ pub fn start(
 ) -> std::io::Result<HeartbeatSocket> {
     let _ = std::fs::remove_file(path);
     let socket = UnixDatagram::bind(path)?;
-    // Room for bursts (a logging storm) so clients rarely see EAGAIN; they drop rather than block when it fills.
+    // The queue of a Unix datagram socket is bounded by net.unix.max_dgram_qlen (10 by default) whatever the buffer
+    // size: this thread does nothing but receive, so that clients rarely find it full (they drop beats rather than
+    // block, and keep log records queued on their side).
     let _ = nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBuf, &(4 << 20));
     let stats = Arc::new(HeartbeatStats::default());
     let thread_stats = Arc::clone(&stats);
@@ -69,7 +71,7 @@ fn receive_loop(
     stats: Arc<HeartbeatStats>,
 ) {
     let mut buf = vec![0u8; 66_000];
-    let mut last_seq: HashMap<i32, u64> = HashMap::new();
+    let mut drops = DropCounter::default();
     loop {
         let n = match socket.recv(&mut buf) {
             Ok(n) => n,
@@ -87,13 +89,10 @@ fn receive_loop(
             }
         };
         let header = message.header();
-        if let Some(prev) = last_seq.insert(header.pid, header.seq) {
-            if header.seq > prev + 1 {
-                stats
-                    .client_dropped
-                    .fetch_add(header.seq - prev - 1, Ordering::Relaxed);
-            }
-        }
+        drops.observe(header.pid, header.seq);
+        stats
+            .client_dropped
+            .store(drops.dropped(), Ordering::Relaxed);
         if let (ClientMessage::Log { text, .. }, Some(sink)) = (&message, &sink) {
             let mut line = match header.rank {
                 Some(r) => format!("[rank {r}] {text}"),
@@ -107,5 +106,55 @@ fn receive_loop(
         if events.send(Event::Client { message, at }).is_err() {
             return;
         }
+    }
+}
+
+/// Counts the messages clients dropped, from gaps in each sender's sequence numbers. Keeps the highest seq seen:
+/// two threads of one rank can send out of order, and a late lower seq fills a gap counted before.
+#[derive(Debug, Default)]
+pub struct DropCounter {
+    highest: HashMap<i32, u64>,
+    dropped: u64,
+}
+
+impl DropCounter {
+    pub fn observe(&mut self, pid: i32, seq: u64) {
+        let highest = self.highest.entry(pid).or_insert(0);
+        if seq > *highest {
+            self.dropped += seq - *highest - 1;
+            *highest = seq;
+        } else if seq < *highest {
+            self.dropped = self.dropped.saturating_sub(1);
+        }
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_are_drops_and_late_arrivals_fill_them() {
+        let mut d = DropCounter::default();
+        for seq in [1, 2, 5] {
+            d.observe(10, seq);
+        }
+        assert_eq!(d.dropped(), 2);
+        d.observe(10, 3);
+        assert_eq!(d.dropped(), 1, "seq 3 arrived late: it was not dropped");
+        d.observe(11, 1);
+        d.observe(11, 2);
+        assert_eq!(d.dropped(), 1, "senders are counted apart");
+    }
+
+    #[test]
+    fn a_first_message_after_drops_counts_them() {
+        let mut d = DropCounter::default();
+        d.observe(7, 4);
+        assert_eq!(d.dropped(), 3);
     }
 }
