@@ -202,6 +202,7 @@ struct Supervisor {
     last_activity_sample: Option<Instant>,
     activity: HashMap<i32, u64>,
     env_checked: HashMap<i32, Option<u32>>,
+    heartbeats: Arc<crate::heartbeat::HeartbeatStats>,
 }
 
 /// Runs the job to its end. Never returns while a rank it can still end is alive, and never waits on one it
@@ -289,6 +290,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         last_activity_sample: None,
         activity: HashMap::new(),
         env_checked: HashMap::new(),
+        heartbeats: Arc::clone(&socket.stats),
     };
     let outcome = sup.run_loop(&rx);
     // The last lines of a job that ended are still in its pipes: let the drain threads finish, briefly (a
@@ -738,6 +740,12 @@ impl Supervisor {
             "nproc": self.config.launch.nproc,
             "pids": self.procs.iter().map(|p| serde_json::json!({"pid": p.pid, "rank": p.rank})).collect::<Vec<_>>(),
             "running_for_s": self.now().as_secs_f64(),
+            "heartbeats": {
+                "received": self.heartbeats.received.load(std::sync::atomic::Ordering::Relaxed),
+                "malformed": self.heartbeats.malformed.load(std::sync::atomic::Ordering::Relaxed),
+                "dropped_by_clients": self.heartbeats.client_dropped.load(std::sync::atomic::Ordering::Relaxed),
+            },
+            "console_lines_dropped": self.console.as_ref().map(Console::dropped),
         });
         let kernel = self.kernel_log.text();
         let tails = self.tails.snapshot();
