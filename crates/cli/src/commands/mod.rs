@@ -7,5 +7,6 @@ pub mod kmsg;
 pub mod log_sink;
 pub mod log_writer;
 pub mod not_yet;
+pub mod own_output;
 pub mod probe;
 pub mod run;

@@ -123,6 +123,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         parse_webhook(url).map_err(usage)?;
     }
     let report_dir = args.report_dir.clone().unwrap_or_else(default_report_dir);
+    std::fs::create_dir_all(&report_dir).map_err(|e| {
+        usage(format!(
+            "cannot create the report directory {}: {e}",
+            report_dir.display()
+        ))
+    })?;
     warn_if_shared(&report_dir);
 
     let sink = match &args.log_file {
@@ -175,24 +181,55 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .unwrap_or(Duration::from_secs(30))
             .min(Duration::from_secs(30)),
     };
-    let outcome = supervise(config)?;
-    if let Some(sink) = sink {
-        sink.finish(Duration::from_secs(5));
+    // From here on, hangwatch's own output must not block on a frozen file (usage errors above were printed
+    // directly, while nothing had started).
+    let own_output = crate::commands::own_output::protect(&report_dir);
+    let code = match supervise(config) {
+        Ok(outcome) => {
+            if let Some(sink) = sink {
+                sink.finish(Duration::from_secs(5));
+            }
+            report(&args, &outcome, &report_dir)
+        }
+        Err(e) => {
+            eprintln!("hangwatch: error: {:#}", anyhow::Error::new(e));
+            1
+        }
+    };
+    if let Some(own) = own_output {
+        own.finish(Duration::from_secs(3));
     }
+    Ok(ExitCode::from(
+        u8::try_from(code.clamp(0, 255)).unwrap_or(1),
+    ))
+}
+
+/// Prints the JSON document (with `--json`) and the closing line; returns the exit code.
+fn report(
+    args: &Args,
+    outcome: &hangwatch_agent::supervise::RunOutcome,
+    report_dir: &std::path::Path,
+) -> i32 {
     if args.json {
-        match &outcome.verdict {
-            Some(verdict) => {
-                let mut doc = serde_json::to_value(verdict)?;
+        let doc = match &outcome.verdict {
+            Some(verdict) => serde_json::to_value(verdict).map(|mut doc| {
                 doc["exit_code"] = outcome.exit_code.into();
                 doc["report_dir"] = report_dir.display().to_string().into();
-                crate::output::print_json(&doc)?;
-            }
-            None => crate::output::print_json(&serde_json::json!({
+                doc
+            }),
+            None => Ok(serde_json::json!({
                 "version": 1,
                 "hang": false,
                 "exit_code": outcome.exit_code,
                 "report_dir": report_dir.display().to_string(),
-            }))?,
+            })),
+        };
+        if let Err(e) = doc
+            .map_err(anyhow::Error::from)
+            .and_then(|d| crate::output::print_json(&d))
+        {
+            eprintln!("hangwatch: error: cannot print the JSON document: {e:#}");
+            return 1;
         }
     }
     if outcome.exit_code == hangwatch_agent::supervise::EXIT_HUNG {
@@ -201,9 +238,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             report_dir.display()
         );
     }
-    Ok(ExitCode::from(
-        u8::try_from(outcome.exit_code.clamp(0, 255)).unwrap_or(1),
-    ))
+    outcome.exit_code
 }
 
 fn default_report_dir() -> PathBuf {
