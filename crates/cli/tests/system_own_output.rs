@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hangwatch_testkit::{require, LoopExt4};
+use hangwatch_testkit::{require, ChildGuard, LoopExt4};
 
 #[test]
 fn run_whose_own_output_is_on_the_frozen_mount_still_ends_the_job() {
@@ -14,7 +14,8 @@ fn run_whose_own_output_is_on_the_frozen_mount_still_ends_the_job() {
     let err = std::fs::File::create(fs.path().join("hw.err")).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/python/rank.py");
     let log = fs.path().join("rank0.log");
-    let mut hw = Command::new(env!("CARGO_BIN_EXE_hangwatch"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
+    command
         .args([
             "run",
             "--nproc",
@@ -39,14 +40,13 @@ fn run_whose_own_output_is_on_the_frozen_mount_still_ends_the_job() {
         ])
         .arg(&log)
         .stdout(Stdio::from(out))
-        .stderr(Stdio::from(err))
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::from(err));
+    let mut hw = ChildGuard::spawn(&mut command, "hangwatch run").unwrap();
     std::thread::sleep(Duration::from_secs(3));
     let frozen = require!(fs.freeze());
     let froze_at = Instant::now();
     let status = loop {
-        if let Some(status) = hw.try_wait().unwrap() {
+        if let Some(status) = hw.try_wait() {
             break Some(status);
         }
         if froze_at.elapsed() > Duration::from_secs(40) {
@@ -56,8 +56,6 @@ fn run_whose_own_output_is_on_the_frozen_mount_still_ends_the_job() {
     };
     if status.is_none() {
         drop(frozen);
-        let _ = hw.kill();
-        let _ = hw.wait();
         panic!("hangwatch blocked on its own output on the frozen filesystem");
     }
     assert_eq!(status.and_then(|s| s.code()), Some(75));
