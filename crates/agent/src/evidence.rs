@@ -72,23 +72,3 @@ fn json<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
     bytes.push(b'\n');
     bytes
 }
-
-/// Filesystem types that are shared over the network: evidence and spill files must not live there.
-pub fn is_network_fstype(fstype: &str) -> bool {
-    const NETWORK: &[&str] = &[
-        "nfs",
-        "nfs4",
-        "cifs",
-        "smb3",
-        "lustre",
-        "gpfs",
-        "beegfs",
-        "ceph",
-        "glusterfs",
-        "9p",
-        "pvfs2",
-        "orangefs",
-        "wekafs",
-    ];
-    NETWORK.contains(&fstype) || fstype.starts_with("fuse")
-}

@@ -72,3 +72,86 @@ fn run_whose_own_output_is_on_the_frozen_mount_still_ends_the_job() {
     );
     drop(frozen);
 }
+
+/// hangwatch installed on a shared filesystem (a venv on GPFS) that stops answering: its children (stack reads,
+/// probes, log writers) must not be started from there, or the roll call hangs in `spawn`.
+#[test]
+fn run_installed_on_a_filesystem_that_stops_answering_still_ends_the_job() {
+    let backing = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        env!("CARGO_BIN_EXE_hangwatch"),
+        backing.path().join("hangwatch"),
+    )
+    .unwrap();
+    let fuse = require!(hangwatch_testkit::FuseMount::new(backing.path()));
+    let report = tempfile::tempdir().unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/python/rank.py");
+    let log = fuse.path().join("rank0.log");
+    let mut command = Command::new(fuse.path().join("hangwatch"));
+    command
+        .args([
+            "run",
+            "--nproc",
+            "3",
+            "--json",
+            "--quiet",
+            "--stall-after",
+            "4s",
+            "--grace",
+            "1s",
+            "--report-dir",
+        ])
+        .arg(report.path())
+        .args([
+            "--",
+            "python3",
+            script,
+            "--step-time",
+            "0.1",
+            "--only-rank",
+            "0",
+            "--log",
+        ])
+        .arg(&log)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut hw = ChildGuard::spawn(&mut command, "hangwatch run from FUSE").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let stopped = require!(fuse.stop_daemon());
+    let stopped_at = Instant::now();
+    let status = loop {
+        if let Some(status) = hw.try_wait() {
+            break Some(status);
+        }
+        if stopped_at.elapsed() > Duration::from_secs(40) {
+            let pid = hw.pid();
+            for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+                .unwrap()
+                .flatten()
+            {
+                let p = t.path();
+                eprintln!(
+                    "DEBUG {} {} {}",
+                    std::fs::read_to_string(p.join("comm"))
+                        .unwrap_or_default()
+                        .trim(),
+                    std::fs::read_to_string(p.join("wchan")).unwrap_or_default(),
+                    std::fs::read_to_string(p.join("stack"))
+                        .unwrap_or_default()
+                        .replace('\n', " | ")
+                );
+            }
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(stopped);
+    let status = status
+        .expect("hangwatch hung: it started a child from the filesystem that stopped answering");
+    assert_eq!(status.code(), Some(75));
+    let verdict: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(report.path().join("verdict.json")).unwrap())
+            .unwrap();
+    assert_eq!(verdict["kind"], "blocked_in_kernel", "{verdict:#}");
+    assert_eq!(verdict["culprits"][0]["rank"], 0, "{verdict:#}");
+}

@@ -180,15 +180,86 @@ fn drain_once<R: Read>(pipe: &mut Option<R>, into: &mut Vec<u8>) -> std::io::Res
 
 /// The running hangwatch binary, for re-executing it as a child (`__probe-child`, `__inspect-child`).
 ///
-/// `/proc/self/exe` rather than the binary's path: a job runs for days, and a hangwatch upgraded (or rebuilt) in
-/// the meantime replaces the file at that path; the link keeps pointing at the binary that is running.
+/// Not the binary's path: a job runs for days, and a hangwatch upgraded (or rebuilt) in the meantime replaces the
+/// file there; `/proc/self/exe` keeps pointing at the binary that runs. And when that binary lives on a network or
+/// FUSE filesystem (a shared venv on GPFS), starting a child would read it from the filesystem that may be the one
+/// frozen, and `spawn` waits for the child's exec: the first call copies the binary into memory (a memfd) while
+/// things are healthy, and children are executed from there.
 pub fn self_exe() -> std::io::Result<std::path::PathBuf> {
-    let link = std::path::PathBuf::from("/proc/self/exe");
-    if link.exists() {
-        Ok(link)
-    } else {
-        std::env::current_exe()
+    static SELF_EXE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let chosen = SELF_EXE.get_or_init(|| {
+        // lstat, not stat: following the link would touch the binary's filesystem.
+        let link = std::path::Path::new("/proc/self/exe");
+        std::fs::symlink_metadata(link).ok()?;
+        Some(match in_memory_copy() {
+            Ok(Some(path)) => path,
+            Ok(None) => link.to_path_buf(),
+            Err(e) => {
+                tracing::warn!(error = %e, "hangwatch's binary is on a remote filesystem and could not be copied to memory");
+                link.to_path_buf()
+            }
+        })
+    });
+    match chosen {
+        Some(path) => Ok(path.clone()),
+        None => std::env::current_exe(),
     }
+}
+
+/// Whether the running binary lives on a network or FUSE filesystem.
+fn binary_is_remote() -> std::io::Result<bool> {
+    let exe = std::fs::read_link("/proc/self/exe")?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(hangwatch_proc::parse_mountinfo(&mounts)
+        .ok()
+        .and_then(|t| {
+            t.containing(&exe.to_string_lossy())
+                .map(hangwatch_proc::Mount::is_remote)
+        })
+        .unwrap_or(false))
+}
+
+/// Keeps a long-running hangwatch independent of the filesystem its binary lives on: when that is a network or
+/// FUSE filesystem, every page mapped now (the binary's code included) is locked in memory, so that running code
+/// for the first time (the roll call, hours into a job) never page-faults on a filesystem that stopped answering;
+/// and the copy that children are started from is made. Call once at start, while things are healthy. Returns
+/// what it did, for a log line.
+pub fn detach_from_binary_filesystem() -> Option<String> {
+    if !binary_is_remote().unwrap_or(false) {
+        return None;
+    }
+    let locked = nix::sys::mman::mlockall(nix::sys::mman::MlockAllFlags::MCL_CURRENT);
+    let copied = self_exe();
+    Some(format!(
+        "hangwatch's binary is on a remote filesystem: code {}, children run from {}",
+        match locked {
+            Ok(()) => "locked in memory".to_string(),
+            Err(e) => format!("NOT locked in memory ({e}: raise `ulimit -l`)"),
+        },
+        copied
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|e| format!("nowhere ({e})"))
+    ))
+}
+
+/// Copies the running binary into a memfd when it lives on a remote filesystem; `None` when it does not.
+fn in_memory_copy() -> std::io::Result<Option<std::path::PathBuf>> {
+    if !binary_is_remote()? {
+        return Ok(None);
+    }
+    let fd =
+        nix::sys::memfd::memfd_create(c"hangwatch", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)?;
+    let mut copy = std::fs::File::from(fd);
+    std::io::copy(&mut std::fs::File::open("/proc/self/exe")?, &mut copy)?;
+    // Children exec it through our fd table (their own copy of the fd closes at exec): kept open for the life of
+    // the process on purpose.
+    let path = std::path::PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        std::os::fd::AsRawFd::as_raw_fd(&copy)
+    ));
+    std::mem::forget(copy);
+    Ok(Some(path))
 }
 
 #[cfg(test)]

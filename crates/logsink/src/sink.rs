@@ -64,7 +64,8 @@ impl WriterCommand {
     pub fn current_exe() -> std::io::Result<Self> {
         // The link, not the path: a binary replaced while a long job runs must not break the writer's restarts.
         let link = PathBuf::from("/proc/self/exe");
-        if link.exists() {
+        // lstat, not stat: following the link would touch the binary's filesystem.
+        if std::fs::symlink_metadata(&link).is_ok() {
             Ok(Self::hangwatch(link))
         } else {
             std::env::current_exe().map(Self::hangwatch)

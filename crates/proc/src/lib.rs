@@ -26,7 +26,7 @@ pub use error::{ParseError, ReadError};
 pub use fdinfo::{parse_fdinfo, FdInfo};
 pub use io::{parse_io, IoCounters};
 pub use kernel::{parse_stack, parse_wchan};
-pub use mountinfo::{parse_mountinfo, unescape, Mount, MountTable};
+pub use mountinfo::{is_remote_fstype, parse_mountinfo, unescape, Mount, MountTable};
 pub use observe::{decode_syscall, observe_process, observe_threads, ProcessSample, ThreadSample};
 pub use reader::{FileResolver, ProcFs};
 pub use resolve::{resolve_file_ref, FileTarget};

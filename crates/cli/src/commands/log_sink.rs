@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use hangwatch_agent::output::LineSink;
-use hangwatch_logsink::{LinePusher, LogSink, LogSinkOptions, OpenError};
+use hangwatch_logsink::{LinePusher, LogSink, LogSinkOptions, OpenError, WriterCommand};
 
 /// The open log destination.
 pub struct LogHandle {
@@ -33,6 +33,7 @@ pub fn open(dest: &Path, report_dir: &Path) -> anyhow::Result<LogHandle> {
     let options = LogSinkOptions {
         spill_dir: report_dir.to_path_buf(),
         undelivered_path: report_dir.join("log-undelivered.txt"),
+        writer: writer_command(),
         ..LogSinkOptions::default()
     };
     match LogSink::open(dest, options) {
@@ -42,6 +43,14 @@ pub fn open(dest: &Path, report_dir: &Path) -> anyhow::Result<LogHandle> {
         ))),
         Err(e) => Err(anyhow::Error::new(e)),
     }
+}
+
+/// The log writer is this binary, started the way every child of hangwatch is (see
+/// [`hangwatch_inspect::child::self_exe`]: from memory when the binary lives on a remote filesystem).
+pub fn writer_command() -> Option<WriterCommand> {
+    hangwatch_inspect::child::self_exe()
+        .ok()
+        .map(WriterCommand::hangwatch)
 }
 
 impl LogHandle {

@@ -184,6 +184,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // From here on, hangwatch's own output must not block on a frozen file (usage errors above were printed
     // directly, while nothing had started).
     let own_output = crate::commands::own_output::protect(&report_dir);
+    if let Some(what) = hangwatch_inspect::child::detach_from_binary_filesystem() {
+        tracing::info!("{what}");
+    }
     let code = match supervise(config) {
         Ok(outcome) => {
             if let Some(sink) = sink {
@@ -283,7 +286,7 @@ fn warn_if_shared(dir: &std::path::Path) {
     };
     let probe_path = dir.ancestors().find(|a| a.exists()).unwrap_or(dir);
     if let Some(mount) = table.containing(&probe_path.to_string_lossy()) {
-        if hangwatch_agent::evidence::is_network_fstype(&mount.fstype) {
+        if mount.is_remote() {
             eprintln!(
                 "hangwatch: warning: the report directory {} is on {} ({}), a shared filesystem; evidence should be \
                  node-local (use --report-dir /var/tmp/...)",
