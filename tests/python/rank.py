@@ -203,8 +203,14 @@ def stall_on_mmap(page, trigger_file):
             if trigger_file and os.path.exists(trigger_file):
                 break
         say("mmap writing")
-        writer = threading.Thread(target=write_mapped_page, args=(page,), name="mmap-writer", daemon=True)
+        started = threading.Event()
+        writer = threading.Thread(target=write_mapped_page, args=(page, started), name="mmap-writer",
+                                  daemon=True)
         writer.start()
+        # The write must be under way (blocked in its page fault) before the munmap: on a loaded machine the
+        # writer thread can take longer than the pause to get the GIL, and a munmap first would make its write
+        # fault on an unmapped page (SIGSEGV) instead of stalling.
+        started.wait()
         time.sleep(0.5)
         say("mmap unmapping")
         unmap_page(page)
@@ -213,7 +219,8 @@ def stall_on_mmap(page, trigger_file):
     threading.Thread(target=wait_for_trigger, name="mmap-stall", daemon=True).start()
 
 
-def write_mapped_page(page):
+def write_mapped_page(page, started):
+    started.set()
     page.write()
     say("mmap written")
 
