@@ -568,8 +568,7 @@ impl Supervisor {
             let rank = outcome
                 .reports
                 .get(&pid)
-                .and_then(|r| r.env.get("RANK"))
-                .and_then(|v| v.parse::<u32>().ok());
+                .and_then(|r| r.rank_env.as_ref()?.rank);
             self.env_checked.insert(pid, rank);
             if let Some(rank) = rank {
                 if !self.procs.iter().any(|p| p.pid == pid) {

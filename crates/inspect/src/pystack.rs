@@ -15,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hangwatch_model::{PythonFrame, PythonThread};
+use hangwatch_proc::{parse_environ, RankEnv};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::{Deserialize, Serialize};
 
@@ -24,32 +25,15 @@ use crate::child::AbandonedChild;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PythonProcessReport {
     pub pid: i32,
-    /// `RANK`, `LOCAL_RANK`, `WORLD_SIZE` and friends from the environment.
-    pub env: HashMap<String, String>,
+    /// `RANK`, `LOCAL_RANK`, `WORLD_SIZE` and friends from the environment (the rest of the environment, which
+    /// may hold secrets, is never copied out of the child).
+    pub rank_env: Option<RankEnv>,
     pub cmdline: Option<Vec<String>>,
     /// `None` when the process is not Python or the stack could not be read (see `error`).
     pub threads: Option<Vec<PythonThread>>,
     /// Why something could not be read.
     pub errors: Vec<String>,
 }
-
-/// Environment variables kept from a rank's environment (the rest may hold secrets and is never copied).
-pub const RANK_ENV_VARS: &[&str] = &[
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_JOB_ID",
-    "OMPI_COMM_WORLD_RANK",
-    "PMI_RANK",
-    "HANGWATCH_SOCKET",
-];
 
 /// How the parent reads stacks.
 #[derive(Debug, Clone)]
@@ -381,7 +365,7 @@ pub fn child_main(pids: &[i32], stacks: bool, out: &mut impl Write) -> std::io::
             },
         )?;
         match std::fs::read(format!("/proc/{pid}/environ")) {
-            Ok(raw) => report.env = rank_env(&raw),
+            Ok(raw) => report.rank_env = Some(RankEnv::from_environ(&parse_environ(&raw))),
             Err(e) => report.errors.push(format!("environment not readable: {e}")),
         }
         if !stacks {
@@ -425,19 +409,6 @@ fn emit(out: &mut impl Write, line: &ChildLine) -> std::io::Result<()> {
     out.flush()
 }
 
-/// Keeps only [`RANK_ENV_VARS`] from a NUL-separated environment block.
-pub fn rank_env(raw: &[u8]) -> HashMap<String, String> {
-    raw.split(|b| *b == 0)
-        .filter_map(|entry| {
-            let entry = std::str::from_utf8(entry).ok()?;
-            let (key, value) = entry.split_once('=')?;
-            RANK_ENV_VARS
-                .contains(&key)
-                .then(|| (key.to_string(), value.to_string()))
-        })
-        .collect()
-}
-
 fn python_stacks(pid: i32) -> Result<Vec<PythonThread>, String> {
     let config = py_spy::Config {
         blocking: py_spy::config::LockingStrategy::NonBlocking,
@@ -472,17 +443,6 @@ fn python_stacks(pid: i32) -> Result<Vec<PythonThread>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rank_env_keeps_only_rank_variables() {
-        let env =
-            rank_env(b"PATH=/bin\0RANK=3\0LOCAL_RANK=1\0SECRET_TOKEN=x\0WORLD_SIZE=16\0broken\0");
-        assert_eq!(env.get("RANK").map(String::as_str), Some("3"));
-        assert_eq!(env.get("LOCAL_RANK").map(String::as_str), Some("1"));
-        assert_eq!(env.get("WORLD_SIZE").map(String::as_str), Some("16"));
-        assert!(!env.contains_key("SECRET_TOKEN"));
-        assert!(!env.contains_key("PATH"));
-    }
 
     #[test]
     fn child_protocol_round_trips() {

@@ -36,14 +36,6 @@ pub struct RollCall {
     pub elapsed: Duration,
 }
 
-/// Environment variables that carry the global rank, in order of preference.
-const RANK_VARS: &[&str] = &["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"];
-const LOCAL_RANK_VARS: &[&str] = &["LOCAL_RANK", "SLURM_LOCALID"];
-
-fn first_number(env: &HashMap<String, String>, vars: &[&str]) -> Option<u32> {
-    vars.iter().find_map(|v| env.get(*v)?.trim().parse().ok())
-}
-
 /// Observes `pids` and decides. `known_ranks` gives ranks that the caller already knows (it launched them);
 /// `probe` probes the named mounts (the caller owns the prober, so that a stuck probe is not restarted).
 pub fn take_roll_call(
@@ -105,8 +97,9 @@ pub fn take_roll_call(
         obs.node = options.node.clone();
         obs.rank = known_ranks.get(&obs.pid).copied();
         if let Some(report) = reports.get(&obs.pid) {
-            obs.rank = obs.rank.or_else(|| first_number(&report.env, RANK_VARS));
-            obs.local_rank = first_number(&report.env, LOCAL_RANK_VARS);
+            let env = report.rank_env.as_ref();
+            obs.rank = obs.rank.or_else(|| env.and_then(|e| e.rank));
+            obs.local_rank = env.and_then(|e| e.local_rank);
             obs.python = report.threads.clone();
             if !obs.exited {
                 obs.read_issues

@@ -139,7 +139,7 @@ fn ranks_among(pids: &[i32]) -> Vec<i32> {
             outcome
                 .reports
                 .get(p)
-                .is_some_and(|r| r.env.contains_key("RANK"))
+                .is_some_and(|r| r.rank_env.as_ref().is_some_and(|e| e.rank.is_some()))
         })
         .collect()
 }
