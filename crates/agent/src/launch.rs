@@ -4,6 +4,7 @@
 
 use std::ffi::OsString;
 use std::net::TcpListener;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
@@ -101,6 +102,12 @@ fn spawn(mut cmd: Command, rank: Option<u32>, program: &OsString) -> Result<Laun
         source,
     })?;
     let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+    if let Some(out) = &child.stdout {
+        enlarge_pipe(out);
+    }
+    if let Some(err) = &child.stderr {
+        enlarge_pipe(err);
+    }
     Ok(Launched {
         stdout: child.stdout.take(),
         stderr: child.stderr.take(),
@@ -108,6 +115,15 @@ fn spawn(mut cmd: Command, rank: Option<u32>, program: &OsString) -> Result<Laun
         pid,
         rank,
     })
+}
+
+/// A rank's output pipe holds 1 MiB instead of 64 KiB, so that a burst of output (a traceback from every rank, a
+/// logging storm) never makes a rank wait for hangwatch's drain thread to be scheduled.
+fn enlarge_pipe(pipe: &impl std::os::fd::AsFd) {
+    let _ = nix::fcntl::fcntl(
+        pipe.as_fd().as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20),
+    );
 }
 
 /// Starts the job. On a failure part-way, the processes already started are killed (by process group).
