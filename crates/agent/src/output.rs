@@ -11,6 +11,9 @@ use std::time::Instant;
 
 use crate::supervise::Event;
 
+/// The least time between two progress events from one stream.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Lines longer than this are cut into pieces (a binary blob without newlines must not grow memory unbounded).
 const MAX_LINE: usize = 1 << 20;
 
@@ -149,6 +152,7 @@ pub fn drain<R: Read + Send + 'static>(
             .unwrap_or_else(|| "job".into());
         let mut reader = BufReader::with_capacity(64 * 1024, reader);
         let mut buf = Vec::with_capacity(256);
+        let mut last_reported: Option<Instant> = None;
         loop {
             buf.clear();
             let n = match (&mut reader)
@@ -180,15 +184,14 @@ pub fn drain<R: Read + Send + 'static>(
             if let Some(sink) = &ctx.sink {
                 sink.push(line);
             }
-            if ctx
-                .events
-                .send(Event::Output {
-                    rank,
-                    at: Instant::now(),
-                })
-                .is_err()
-            {
-                break;
+            // Progress at 4 Hz per stream is plenty for stall detection; one event per line would wake the
+            // supervisor for every line of a chatty job.
+            let now = Instant::now();
+            if last_reported.is_none_or(|t| now.duration_since(t) >= PROGRESS_EVERY) {
+                last_reported = Some(now);
+                if ctx.events.send(Event::Output { rank, at: now }).is_err() {
+                    break;
+                }
             }
         }
     });

@@ -96,14 +96,12 @@ pub struct Detector {
     config: DetectorConfig,
     ranks: HashMap<Option<u32>, RankState>,
     /// Intervals per (source, phase); `None` phase = ordinary steps.
-    intervals: HashMap<(ProgressSource, Option<String>), Vec<Duration>>,
+    intervals: HashMap<(ProgressSource, Option<String>), Samples>,
     /// Phases seen complete, with their durations.
-    phase_durations: HashMap<String, Vec<Duration>>,
+    phase_durations: HashMap<String, Samples>,
     last_progress: HashMap<ProgressSource, Duration>,
     started: Duration,
 }
-
-const MAX_SAMPLES: usize = 4096;
 
 impl Detector {
     pub fn new(config: DetectorConfig, started: Duration) -> Self {
@@ -132,7 +130,10 @@ impl Detector {
         let phase = state.phases.last().map(|(name, _)| name.clone());
         if let Some(prev) = state.last.insert(source, now) {
             let interval = now.saturating_sub(prev);
-            push_bounded(self.intervals.entry((source, phase)).or_default(), interval);
+            self.intervals
+                .entry((source, phase))
+                .or_default()
+                .push(interval);
         }
         self.last_progress.insert(source, now);
     }
@@ -149,19 +150,17 @@ impl Detector {
         let state = self.ranks.entry(rank).or_default();
         if let Some(pos) = state.phases.iter().rposition(|(n, _)| n == name) {
             let (_, began) = state.phases.remove(pos);
-            push_bounded(
-                self.phase_durations.entry(name.to_string()).or_default(),
-                now.saturating_sub(began),
-            );
+            self.phase_durations
+                .entry(name.to_string())
+                .or_default()
+                .push(now.saturating_sub(began));
         }
         // The interval that ends here belongs to the phase just left, not to ordinary steps.
         if let Some(prev) = state.last.insert(ProgressSource::Heartbeat, now) {
-            push_bounded(
-                self.intervals
-                    .entry((ProgressSource::Heartbeat, Some(name.to_string())))
-                    .or_default(),
-                now.saturating_sub(prev),
-            );
+            self.intervals
+                .entry((ProgressSource::Heartbeat, Some(name.to_string())))
+                .or_default()
+                .push(now.saturating_sub(prev));
         }
         self.last_progress.insert(ProgressSource::Heartbeat, now);
     }
@@ -203,10 +202,10 @@ impl Detector {
         if let Some(t) = best {
             return t;
         }
+        let empty = Samples::default();
         let samples = source
             .and_then(|s| self.intervals.get(&(s, None)))
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
+            .unwrap_or(&empty);
         let (hard, basis) = self.learned(samples);
         Threshold {
             hard,
@@ -219,20 +218,16 @@ impl Detector {
     }
 
     fn phase_threshold(&self, phase: &str, source: Option<ProgressSource>) -> Threshold {
-        let durations = self
-            .phase_durations
-            .get(phase)
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
+        let empty = Samples::default();
+        let durations = self.phase_durations.get(phase).unwrap_or(&empty);
         let (hard, basis) = if durations.is_empty() {
             (self.config.ceiling, "new phase".to_string())
         } else {
-            let mut all: Vec<Duration> = durations.to_vec();
-            if let Some(s) = source.and_then(|s| self.intervals.get(&(s, Some(phase.to_string()))))
-            {
-                all.extend_from_slice(s);
-            }
-            let longest = all.iter().max().copied().unwrap_or_default();
+            let inside = source
+                .and_then(|s| self.intervals.get(&(s, Some(phase.to_string()))))
+                .map(Samples::longest)
+                .unwrap_or_default();
+            let longest = durations.longest().max(inside);
             let hard = longest
                 .mul_f64(self.config.max_factor)
                 .clamp(self.config.floor, self.config.ceiling);
@@ -248,17 +243,14 @@ impl Detector {
         }
     }
 
-    fn learned(&self, samples: &[Duration]) -> (Duration, String) {
+    fn learned(&self, samples: &Samples) -> (Duration, String) {
         if samples.len() < self.config.min_samples {
             return (self.config.warmup.max(self.config.floor), "warmup".into());
         }
-        let mut sorted = samples.to_vec();
-        sorted.sort_unstable();
-        let p95 = sorted[((sorted.len() - 1) as f64 * 0.95).round() as usize];
-        let longest = sorted[sorted.len() - 1];
-        let hard = p95
+        let hard = samples
+            .p95()
             .mul_f64(self.config.p95_factor)
-            .max(longest.mul_f64(self.config.max_factor))
+            .max(samples.longest().mul_f64(self.config.max_factor))
             .clamp(self.config.floor, self.config.ceiling);
         (hard, "learned".into())
     }
@@ -292,11 +284,56 @@ impl Detector {
     }
 }
 
-fn push_bounded(v: &mut Vec<Duration>, d: Duration) {
-    if v.len() >= MAX_SAMPLES {
-        v.remove(0);
+/// Recent intervals, for the p95, and the longest seen after the first few, which are slow by nature (compilation,
+/// data loading) and would otherwise hold the threshold up for the whole run. Bounded: the threshold is computed
+/// every tick, so it must stay cheap however long the job runs.
+#[derive(Debug, Clone, Default)]
+struct Samples {
+    recent: std::collections::VecDeque<Duration>,
+    seen: usize,
+    longest_after_first: Duration,
+}
+
+const RECENT_SAMPLES: usize = 512;
+const FIRST_SAMPLES_IGNORED_FOR_LONGEST: usize = 3;
+
+impl Samples {
+    fn push(&mut self, d: Duration) {
+        if self.recent.len() >= RECENT_SAMPLES {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(d);
+        self.seen += 1;
+        if self.seen > FIRST_SAMPLES_IGNORED_FOR_LONGEST {
+            self.longest_after_first = self.longest_after_first.max(d);
+        }
     }
-    v.push(d);
+
+    fn len(&self) -> usize {
+        self.seen
+    }
+
+    fn is_empty(&self) -> bool {
+        self.seen == 0
+    }
+
+    /// The longest interval: of all, when there are only a few.
+    fn longest(&self) -> Duration {
+        if self.seen > FIRST_SAMPLES_IGNORED_FOR_LONGEST {
+            self.longest_after_first
+        } else {
+            self.recent.iter().max().copied().unwrap_or_default()
+        }
+    }
+
+    fn p95(&self) -> Duration {
+        let mut sorted: Vec<Duration> = self.recent.iter().copied().collect();
+        sorted.sort_unstable();
+        sorted
+            .get(((sorted.len().saturating_sub(1)) as f64 * 0.95).round() as usize)
+            .copied()
+            .unwrap_or_default()
+    }
 }
 
 #[cfg(test)]
@@ -381,6 +418,29 @@ mod tests {
             d.progress(Some(0), ProgressSource::Output, s(t));
         }
         assert!(d.threshold().hard >= s(90.0), "{:?}", d.threshold());
+    }
+
+    #[test]
+    fn slow_first_steps_do_not_hold_the_threshold_up_for_the_whole_run() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        let mut t = 0.0;
+        for i in 0..200 {
+            t += if i < 2 { 300.0 } else { 0.1 };
+            d.progress(Some(0), ProgressSource::Heartbeat, s(t));
+        }
+        assert_eq!(d.threshold().hard, s(2.0), "{:?}", d.threshold());
+    }
+
+    #[test]
+    fn the_threshold_stays_cheap_and_bounded_however_long_the_job_runs() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        for i in 0..100_000 {
+            d.progress(Some(0), ProgressSource::Output, s(i as f64 * 0.01));
+        }
+        let samples = &d.intervals[&(ProgressSource::Output, None)];
+        assert_eq!(samples.recent.len(), RECENT_SAMPLES);
+        assert_eq!(samples.len(), 99_999);
+        assert_eq!(d.threshold().hard, s(2.0));
     }
 
     #[test]

@@ -165,7 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         console: (!args.quiet).then_some(args.json),
         prefix: !args.no_prefix && args.nproc.is_some_and(|n| n > 1),
         sink: sink.as_ref().map(|s| s.line_sink()),
-        tick: Duration::from_millis(100),
+        tick: Duration::from_millis(200),
         window: Duration::from_millis(300),
         stack_timeout: Duration::from_secs(1),
         probe_timeout: Duration::from_secs(2),
