@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""hangwatch run's own numbers: CPU and memory while watching 8 healthy ranks, and detection latency of the
-incident (stall to verdict, stall to exit) against the stall threshold.
+"""hangwatch run's own numbers: CPU and memory while watching 8 healthy ranks, detection latency of the incident
+(stall to verdict, stall to exit) against the stall threshold, and a rank's print latency while the log file's
+filesystem is frozen for 10 s (against the same rank printing into a pipe that `cat` drains).
 
     python3 bench/agent.py [--hangwatch target/release/hangwatch] [--watch-seconds 30] [--thresholds 4,10]
 
@@ -8,6 +9,7 @@ Root only (the latency part loop-mounts an ext4 and freezes it; it thaws and unm
 """
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -61,16 +63,40 @@ def sh(*cmd):
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def incident_latency(hw, threshold):
+@contextlib.contextmanager
+def loop_ext4(size_mb):
+    """A loop-mounted ext4 in a temp dir; yields (work dir, mount point, freeze(), thaw()); always thaws and
+    unmounts."""
     work = tempfile.mkdtemp(prefix="hw-bench-")
     img, mnt = os.path.join(work, "img"), os.path.join(work, "mnt")
     os.mkdir(mnt)
     with open(img, "wb") as f:
-        f.truncate(64 << 20)
+        f.truncate(size_mb << 20)
     sh("mkfs.ext4", "-q", "-F", img)
     sh("mount", "-o", "loop", img, mnt)
-    frozen = False
+    state = {"frozen": False}
+
+    def freeze():
+        sh("fsfreeze", "-f", mnt)
+        state["frozen"] = True
+
+    def thaw():
+        if state["frozen"]:
+            sh("fsfreeze", "-u", mnt)
+            state["frozen"] = False
+
     try:
+        yield work, mnt, freeze, thaw
+    finally:
+        thaw()
+        for _ in range(50):
+            if subprocess.run(["umount", mnt], stderr=subprocess.DEVNULL).returncode == 0:
+                break
+            time.sleep(0.2)
+
+
+def incident_latency(hw, threshold):
+    with loop_ext4(64) as (work, mnt, freeze, _thaw):
         report = os.path.join(work, "report")
         proc = subprocess.Popen(
             [hw, "run", "--nproc", "4", "--quiet", "--stall-after", f"{threshold}s", "--grace", "1s",
@@ -78,8 +104,7 @@ def incident_latency(hw, threshold):
              "--log", os.path.join(mnt, "rank0.log"), "--only-rank", "0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(3)
-        sh("fsfreeze", "-f", mnt)
-        frozen = True
+        freeze()
         froze_at = time.time()
         proc.wait(timeout=threshold * 4 + 60)
         exited_at = time.time()
@@ -87,13 +112,31 @@ def incident_latency(hw, threshold):
         print(f"incident, --stall-after {threshold}s: verdict {verdict_at - froze_at:.2f} s after the freeze, "
               f"exit {proc.returncode} {exited_at - froze_at:.2f} s after it "
               f"(conclusive evidence acts at the soft tier, {threshold / 2:.1f} s)")
-    finally:
-        if frozen:
-            sh("fsfreeze", "-u", mnt)
-        for _ in range(50):
-            if subprocess.run(["umount", mnt], stderr=subprocess.DEVNULL).returncode == 0:
-                break
-            time.sleep(0.2)
+
+
+def frozen_log_latency(hw, lines=100_000, rate=6000):
+    flood = os.path.join(ROOT, "tests/python/flood.py")
+    with loop_ext4(128) as (work, mnt, freeze, thaw):
+        stats = os.path.join(work, "stats.json")
+        proc = subprocess.Popen(
+            [hw, "run", "--quiet", "--stall-after", "5m", "--log-file", os.path.join(mnt, "job.log"),
+             "--report-dir", os.path.join(work, "report"), "--", sys.executable, flood, str(lines), str(rate), stats],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(2)
+        freeze()
+        time.sleep(10)
+        thaw()
+        proc.wait(timeout=120)
+        with open(stats) as f:
+            got = f.read()
+        with open(os.path.join(mnt, "job.log"), "rb") as f:
+            logged = sum(1 for _ in f)
+        base = os.path.join(work, "base.json")
+        subprocess.run(f"{sys.executable} {flood} {lines} {rate} {base} | cat > /dev/null", shell=True, check=True)
+        with open(base) as f:
+            baseline = f.read()
+    print(f"{lines} lines at {rate}/s, log filesystem frozen 10 s: rank print+flush {got}; {logged} lines in the log")
+    print(f"  baseline, the same rank printing into a pipe drained by cat: {baseline}")
 
 
 def main():
@@ -105,6 +148,7 @@ def main():
     watch_overhead(args.hangwatch, args.watch_seconds)
     for t in args.thresholds.split(","):
         incident_latency(args.hangwatch, float(t))
+    frozen_log_latency(args.hangwatch)
 
 
 if __name__ == "__main__":
