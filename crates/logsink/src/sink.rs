@@ -523,7 +523,7 @@ fn save_undelivered(ledger: &mut Ledger<FileSpill>, path: &Path, lines: u64) -> 
         }
         (Ok(_), Err(e)) => undelivered.save_error = Some(e.to_string()),
         (Err(e), _) => {
-            undelivered.save_error = Some(error_chain(&e));
+            undelivered.save_error = Some(crate::writer::error_chain(&e));
             undelivered.saved_lines = match e {
                 crate::ledger::DrainError::Output { lines, .. }
                 | crate::ledger::DrainError::Spill { lines, .. } => lines,
@@ -531,17 +531,6 @@ fn save_undelivered(ledger: &mut Ledger<FileSpill>, path: &Path, lines: u64) -> 
         }
     }
     undelivered
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -177,7 +177,8 @@ pub fn writer_main(dest: &Path) -> u8 {
     }
 }
 
-fn error_chain(err: &dyn std::error::Error) -> String {
+/// An error and its causes on one line.
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut cause = err.source();
     while let Some(c) = cause {
