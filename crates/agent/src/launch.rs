@@ -143,12 +143,18 @@ pub fn launch(spec: &LaunchSpec) -> Result<Vec<Launched>, LaunchError> {
         match spawn(cmd, Some(spec.node_rank * nproc + local_rank), &program) {
             Ok(l) => started.push(l),
             Err(e) => {
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
                 for l in &mut started {
                     let _ = nix::sys::signal::killpg(
                         nix::unistd::Pid::from_raw(l.pid),
                         nix::sys::signal::Signal::SIGKILL,
                     );
-                    let _ = l.child.wait();
+                    // Reap what dies at once; a rank stuck in D (its binary on a frozen mount) is not waited for.
+                    while matches!(l.child.try_wait(), Ok(None))
+                        && std::time::Instant::now() < until
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
                 }
                 return Err(e);
             }

@@ -100,7 +100,11 @@ impl OwnOutput {
             if let Ok(null) = &devnull {
                 let _ = nix::unistd::dup2(null.as_raw_fd(), stream.fd);
             }
-            let _ = stream.reader.join();
+            // The pipe ends only when every writer is gone, and a child (an alert command, a restarted log
+            // writer) may still hold it: wait for the reader within the deadline, not for EOF.
+            while !stream.reader.is_finished() && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+            }
             let left = until.saturating_duration_since(std::time::Instant::now());
             let _ = stream.sink.finish(left.max(Duration::from_millis(100)));
         }
