@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use hangwatch_diagnosis::{Detector, DetectorConfig, ProgressSource, StallState, Threshold};
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
-use hangwatch_inspect::rollcall::{take_roll_call, RollCall, RollCallOptions};
+use hangwatch_inspect::rollcall::{take_roll_call, KnownProcess, RollCall, RollCallOptions};
 use hangwatch_model::{ActionRecord, Verdict, VerdictKind};
 use hangwatch_proc::ProcFs;
 use nix::sys::signal::Signal;
@@ -655,9 +655,19 @@ impl Supervisor {
         );
         let ranks = self.rank_pids();
         let pids: Vec<i32> = ranks.iter().map(|(p, _)| *p).collect();
-        let known: HashMap<i32, u32> = ranks
+        let known: HashMap<i32, KnownProcess> = self
+            .procs
             .iter()
-            .filter_map(|(p, r)| r.map(|r| (*p, r)))
+            .filter(|p| pids.contains(&p.pid))
+            .map(|p| {
+                let known = KnownProcess {
+                    rank: p.rank,
+                    exited: p.exit.is_some() || p.exited_at.is_some(),
+                    exit_code: p.exit.as_ref().map(shell_code),
+                    exited_at_unix_s: p.exited_at.map(unix_time_of),
+                };
+                (p.pid, known)
+            })
             .collect();
         let stacks = StackReadOptions::for_self()
             .unwrap_or_else(|_| StackReadOptions {
@@ -676,46 +686,20 @@ impl Supervisor {
         };
         let probe_timeout = self.config.probe_timeout;
         let prober = &mut self.prober;
-        let mut rollcall: RollCall =
-            take_roll_call(&self.procfs, &pids, &known, &options, |mounts| {
-                let Some(prober) = prober.as_mut() else {
-                    return Vec::new();
-                };
-                let options = ProbeOptions {
-                    timeout: probe_timeout,
-                    write: true,
-                };
-                prober
-                    .probe_all(mounts, &options)
-                    .into_iter()
-                    .filter_map(Result::ok)
-                    .collect()
-            });
-        // A rank that already exited was reaped by us: give the verdict its exit code.
-        for obs in rollcall.observations.iter_mut() {
-            if let Some(p) = self.procs.iter().find(|p| p.pid == obs.pid) {
-                if p.exit.is_some() || p.exited_at.is_some() {
-                    obs.exited = true;
-                    obs.exit_code = p.exit.as_ref().map(shell_code);
-                    obs.exited_at_unix_s = p.exited_at.map(unix_time_of);
-                    obs.threads.clear();
-                }
-            }
-        }
-        if rollcall.observations.iter().any(|o| o.exited) {
-            rollcall.verdict =
-                hangwatch_diagnosis::roll_call(&hangwatch_diagnosis::RollCallInput {
-                    processes: rollcall.observations.clone(),
-                    probes: rollcall.probes.clone(),
-                    window_ms: self.config.window.as_millis() as u64,
-                    node: self.config.node.clone(),
-                    stalled_for_s: Some(stalled_for.as_secs_f64()),
-                    now_unix_s: SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .ok()
-                        .map(|d| d.as_secs_f64()),
-                });
-        }
+        let rollcall: RollCall = take_roll_call(&self.procfs, &pids, &known, &options, |mounts| {
+            let Some(prober) = prober.as_mut() else {
+                return Vec::new();
+            };
+            let options = ProbeOptions {
+                timeout: probe_timeout,
+                write: true,
+            };
+            prober
+                .probe_all(mounts, &options)
+                .into_iter()
+                .filter_map(Result::ok)
+                .collect()
+        });
         let verdict = rollcall.verdict.clone();
         eprint!("{}", crate::render::verdict_text(&verdict));
         self.save_evidence(&verdict, &rollcall, threshold, stalled_for);

@@ -18,7 +18,7 @@ use crate::pystack::{read_python_processes, PythonProcessReport, StackReadOption
 pub struct RollCallOptions {
     /// Time between the two /proc samples: a thread that did not run during it is "not running".
     pub window: Duration,
-    /// Read Python stacks (and rank identities) in children; off: ranks are identified only by `known_ranks`.
+    /// Read Python stacks (and rank identities) in children; off: ranks are identified only by what the caller knows.
     pub read_stacks: bool,
     pub stacks: StackReadOptions,
     /// Node name for the verdict.
@@ -36,12 +36,22 @@ pub struct RollCall {
     pub elapsed: Duration,
 }
 
-/// Observes `pids` and decides. `known_ranks` gives ranks that the caller already knows (it launched them);
-/// `probe` probes the named mounts (the caller owns the prober, so that a stuck probe is not restarted).
+/// What the caller already knows about a process: it launched it (its rank), or reaped it (how and when it
+/// exited; /proc no longer has that).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KnownProcess {
+    pub rank: Option<u32>,
+    pub exited: bool,
+    pub exit_code: Option<i32>,
+    pub exited_at_unix_s: Option<f64>,
+}
+
+/// Observes `pids` and decides, with what the caller already `known`s about them; `probe` probes the named mounts
+/// (the caller owns the prober, so that a stuck probe is not restarted).
 pub fn take_roll_call(
     procfs: &ProcFs,
     pids: &[i32],
-    known_ranks: &HashMap<i32, u32>,
+    known: &HashMap<i32, KnownProcess>,
     options: &RollCallOptions,
     probe: impl FnOnce(&[String]) -> Vec<ProbeResult>,
 ) -> RollCall {
@@ -95,7 +105,15 @@ pub fn take_roll_call(
     };
     for obs in &mut observations {
         obs.node = options.node.clone();
-        obs.rank = known_ranks.get(&obs.pid).copied();
+        if let Some(k) = known.get(&obs.pid) {
+            obs.rank = k.rank;
+            if k.exited {
+                obs.exited = true;
+                obs.exit_code = k.exit_code;
+                obs.exited_at_unix_s = k.exited_at_unix_s;
+                obs.threads.clear();
+            }
+        }
         if let Some(report) = reports.get(&obs.pid) {
             let env = report.rank_env.as_ref();
             obs.rank = obs.rank.or_else(|| env.and_then(|e| e.rank));
