@@ -15,6 +15,9 @@
 
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
+use hangwatch_diagnosis::{DetectorConfig, ProgressSource, Threshold};
 use hangwatch_model::{ProbeResult, ProcessObservation, Verdict};
 use serde::Serialize;
 
@@ -23,47 +26,240 @@ pub struct Evidence<'a> {
     pub verdict: &'a Verdict,
     pub observations: &'a [ProcessObservation],
     pub probes: &'a [ProbeResult],
-    pub thresholds: &'a serde_json::Value,
+    pub thresholds: &'a ThresholdsRecord,
     pub kernel_log: &'a str,
     pub kernel_log_unavailable: Option<&'a str>,
     pub tails: &'a [(String, Vec<String>)],
-    pub run: &'a serde_json::Value,
+    pub run: &'a RunRecord,
 }
 
-/// Writes the bundle into `dir` (created if needed). Returns the files written; errors name the file.
+/// `thresholds.json`: the stall threshold in force when the roll call was taken, and how it was learned.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThresholdsRecord {
+    pub stalled_for_s: f64,
+    pub hard_s: f64,
+    pub soft_s: f64,
+    pub basis: String,
+    pub phase: Option<String>,
+    pub samples: usize,
+    pub progress_source: Option<ProgressSource>,
+    pub config: DetectorSettings,
+}
+
+/// The detector's settings, in seconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct DetectorSettings {
+    pub fixed_s: Option<f64>,
+    pub floor_s: f64,
+    pub ceiling_s: f64,
+    pub warmup_s: f64,
+    pub min_samples: usize,
+    pub p95_factor: f64,
+    pub max_factor: f64,
+    pub soft_fraction: f64,
+}
+
+impl ThresholdsRecord {
+    pub fn new(config: &DetectorConfig, threshold: &Threshold, stalled_for: Duration) -> Self {
+        Self {
+            stalled_for_s: stalled_for.as_secs_f64(),
+            hard_s: threshold.hard.as_secs_f64(),
+            soft_s: threshold.soft.as_secs_f64(),
+            basis: threshold.basis.clone(),
+            phase: threshold.phase.clone(),
+            samples: threshold.samples,
+            progress_source: threshold.source,
+            config: DetectorSettings {
+                fixed_s: config.fixed.map(|d| d.as_secs_f64()),
+                floor_s: config.floor.as_secs_f64(),
+                ceiling_s: config.ceiling.as_secs_f64(),
+                warmup_s: config.warmup.as_secs_f64(),
+                min_samples: config.min_samples,
+                p95_factor: config.p95_factor,
+                max_factor: config.max_factor,
+                soft_fraction: config.soft_fraction,
+            },
+        }
+    }
+}
+
+/// `run.json`: what ran, where, and the counters of what was received and dropped.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRecord {
+    pub hangwatch_version: String,
+    pub node: Option<String>,
+    pub command: Vec<String>,
+    pub nproc: Option<u32>,
+    pub pids: Vec<PidRecord>,
+    pub running_for_s: f64,
+    pub heartbeats: HeartbeatCounters,
+    pub console_lines_dropped: Option<u64>,
+    /// hangwatch's own messages to stderr dropped because nobody read them.
+    pub messages_dropped: u64,
+}
+
+/// A process hangwatch started or found, with its rank.
+#[derive(Debug, Clone, Serialize)]
+pub struct PidRecord {
+    pub pid: i32,
+    pub rank: Option<u32>,
+}
+
+/// The heartbeat socket's counters.
+#[derive(Debug, Clone, Serialize)]
+pub struct HeartbeatCounters {
+    pub received: u64,
+    pub malformed: u64,
+    pub dropped_by_clients: u64,
+}
+
+/// One file of the bundle: its name relative to the report directory and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct EvidenceFile {
+    pub name: String,
+    pub text: String,
+}
+
+impl EvidenceFile {
+    fn new(name: impl Into<String>, bytes: Vec<u8>) -> Self {
+        Self {
+            name: name.into(),
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+        }
+    }
+}
+
+impl Evidence<'_> {
+    /// The bundle's files, in memory (pure: nothing is written).
+    pub fn files(&self) -> Vec<EvidenceFile> {
+        let mut files = vec![
+            EvidenceFile::new("verdict.json", json(self.verdict)),
+            EvidenceFile::new(
+                "verdict.txt",
+                crate::render::verdict_text(self.verdict).into_bytes(),
+            ),
+            EvidenceFile::new("ranks.json", json(&self.observations)),
+            EvidenceFile::new("probes.json", json(&self.probes)),
+            EvidenceFile::new("thresholds.json", json(self.thresholds)),
+            EvidenceFile::new("run.json", json(self.run)),
+        ];
+        let kernel = match self.kernel_log_unavailable {
+            Some(why) => format!("# kernel log not collected: {why}\n"),
+            None => self.kernel_log.to_string(),
+        };
+        files.push(EvidenceFile::new("kernel-log.txt", kernel.into_bytes()));
+        let report = hangwatch_kmsg::report_from_text(self.kernel_log);
+        files.push(EvidenceFile::new("kernel-report.json", json(&report)));
+        for (who, lines) in self.tails {
+            let mut text = lines.join("\n");
+            text.push('\n');
+            files.push(EvidenceFile::new(
+                format!("output/{who}.txt"),
+                text.into_bytes(),
+            ));
+        }
+        files
+    }
+}
+
+/// The verdict files alone (after the job was ended, the verdict gains its actions).
+pub fn verdict_files(verdict: &Verdict) -> Vec<EvidenceFile> {
+    vec![
+        EvidenceFile::new("verdict.json", json(verdict)),
+        EvidenceFile::new(
+            "verdict.txt",
+            crate::render::verdict_text(verdict).into_bytes(),
+        ),
+    ]
+}
+
+/// Writes the bundle into `dir` (created if needed), in this process. Returns the files written; errors name the
+/// file. Only for a process that may block: the agent calls [`write_abandonable`].
 pub fn write_bundle(dir: &Path, evidence: &Evidence) -> std::io::Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir.join("output"))?;
+    write_files(dir, &evidence.files())
+}
+
+/// Writes `files` into `dir`, in this process (the `__write-evidence` child's work).
+pub fn write_files(dir: &Path, files: &[EvidenceFile]) -> std::io::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
-    let mut put = |name: &str, bytes: &[u8]| -> std::io::Result<()> {
-        let path = dir.join(name);
-        std::fs::write(&path, bytes).map_err(|e| {
+    for file in files {
+        let path = dir.join(&file.name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, file.text.as_bytes()).map_err(|e| {
             std::io::Error::new(e.kind(), format!("cannot write {}: {e}", path.display()))
         })?;
         written.push(path);
-        Ok(())
-    };
-    put("verdict.json", &json(evidence.verdict))?;
-    put(
-        "verdict.txt",
-        crate::render::verdict_text(evidence.verdict).as_bytes(),
-    )?;
-    put("ranks.json", &json(&evidence.observations))?;
-    put("probes.json", &json(&evidence.probes))?;
-    put("thresholds.json", &json(evidence.thresholds))?;
-    put("run.json", &json(evidence.run))?;
-    let kernel = match evidence.kernel_log_unavailable {
-        Some(why) => format!("# kernel log not collected: {why}\n"),
-        None => evidence.kernel_log.to_string(),
-    };
-    put("kernel-log.txt", kernel.as_bytes())?;
-    let report = hangwatch_kmsg::report_from_text(evidence.kernel_log);
-    put("kernel-report.json", &json(&report))?;
-    for (who, lines) in evidence.tails {
-        let mut text = lines.join("\n");
-        text.push('\n');
-        put(&format!("output/{who}.txt"), text.as_bytes())?;
     }
     Ok(written)
+}
+
+/// Why the evidence could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum EvidenceError {
+    #[error("cannot hand the evidence to a writer process")]
+    Prepare(#[source] std::io::Error),
+    #[error("cannot start the evidence writer")]
+    Start(#[source] hangwatch_inspect::child::ChildError),
+    #[error("the report directory {dir} did not answer within {timeout_s:.0}s (a frozen filesystem?); the evidence there is incomplete")]
+    TimedOut { dir: PathBuf, timeout_s: f64 },
+    #[error("writing the evidence into {dir} failed: {message}")]
+    Failed { dir: PathBuf, message: String },
+}
+
+/// Writes `files` into `dir` from a child process that is abandoned at `deadline`: a report directory on a
+/// filesystem that froze costs this evidence, never a thread of hangwatch stuck in D (which would keep it from
+/// exiting).
+pub fn write_abandonable(
+    program: &Path,
+    dir: &Path,
+    files: &[EvidenceFile],
+    deadline: std::time::Duration,
+) -> Result<(), EvidenceError> {
+    use std::io::{Seek, Write};
+    use std::process::{Command, Stdio};
+    let fd = nix::sys::memfd::memfd_create(
+        c"hangwatch-evidence",
+        nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+    )
+    .map_err(|e| EvidenceError::Prepare(e.into()))?;
+    let mut memfd = std::fs::File::from(fd);
+    serde_json::to_writer(&mut memfd, files)
+        .map_err(|e| EvidenceError::Prepare(std::io::Error::other(e)))?;
+    memfd.flush().map_err(EvidenceError::Prepare)?;
+    memfd.rewind().map_err(EvidenceError::Prepare)?;
+    let mut command = Command::new(program);
+    command.arg("__write-evidence").arg(dir);
+    let outcome = hangwatch_inspect::child::run_with_deadline_and_input(
+        command,
+        Stdio::from(memfd),
+        deadline,
+    )
+    .map_err(EvidenceError::Start)?;
+    match outcome {
+        hangwatch_inspect::child::ChildOutcome::Finished { status, .. } if status.success() => {
+            Ok(())
+        }
+        hangwatch_inspect::child::ChildOutcome::Finished { stderr, .. } => {
+            Err(EvidenceError::Failed {
+                dir: dir.to_path_buf(),
+                message: String::from_utf8_lossy(&stderr).trim().to_string(),
+            })
+        }
+        hangwatch_inspect::child::ChildOutcome::TimedOut { .. } => Err(EvidenceError::TimedOut {
+            dir: dir.to_path_buf(),
+            timeout_s: deadline.as_secs_f64(),
+        }),
+    }
+}
+
+/// The `__write-evidence DIR` child: the files as JSON on stdin, written into DIR.
+pub fn writer_child_main(dir: &Path, input: impl std::io::Read) -> Result<usize, String> {
+    let files: Vec<EvidenceFile> =
+        serde_json::from_reader(input).map_err(|e| format!("bad evidence on stdin: {e}"))?;
+    let written = write_files(dir, &files).map_err(|e| e.to_string())?;
+    Ok(written.len())
 }
 
 fn json<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {

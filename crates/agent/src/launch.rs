@@ -85,6 +85,7 @@ fn base_command(spec: &LaunchSpec) -> Result<Command, LaunchError> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    crate::sys::die_with_parent(&mut cmd);
     if let Some(socket) = &spec.socket {
         cmd.env("HANGWATCH_SOCKET", socket);
     }

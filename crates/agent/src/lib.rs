@@ -4,10 +4,14 @@
 pub mod alert;
 pub mod evidence;
 pub mod heartbeat;
+pub mod human;
 pub mod kernel_log;
 pub mod launch;
 pub mod output;
+pub mod policy;
+pub mod reaper;
 pub mod render;
 pub mod supervise;
+mod sys;
 pub mod terminate;
 pub mod wire;

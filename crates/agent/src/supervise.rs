@@ -1,48 +1,49 @@
-//! The agent's supervision loop: every source (rank output, heartbeats, child exits, signals, ticks) becomes an
-//! [`Event`]; the loop feeds the pure detector, and on a stall takes a roll call, keeps the evidence, alerts and,
-//! when the policy says so, ends the job.
+//! The agent's supervision loop. Every source (rank output, heartbeats, signals, ticks, workers that finished)
+//! becomes an [`Event`]; the loop feeds the pure detector and the pure [`Policy`], and carries out the policy's
+//! actions in workers (roll call + evidence + alert, termination) that report back as events. The loop itself
+//! never waits on anything but its event channel, and never prints except through [`crate::human`].
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hangwatch_diagnosis::{Detector, DetectorConfig, ProgressSource, StallState, Threshold};
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
-use hangwatch_inspect::rollcall::{take_roll_call, KnownProcess, RollCall, RollCallOptions};
+use hangwatch_inspect::rollcall::{take_roll_call, KnownProcess, RollCallOptions};
 use hangwatch_model::{ActionRecord, Verdict, VerdictKind};
 use hangwatch_proc::ProcFs;
 use nix::sys::signal::Signal;
 
 use crate::alert::AlertConfig;
-use crate::evidence::{write_bundle, Evidence};
+use crate::evidence::{
+    verdict_files, write_abandonable, Evidence, HeartbeatCounters, RunRecord, ThresholdsRecord,
+};
+use crate::human::say;
 use crate::kernel_log::KernelLog;
 use crate::launch::{launch, LaunchSpec, Launched};
 use crate::output::{drain, Console, DrainContext, LineSink, Stream, Tails};
+pub use crate::policy::OnHang;
+use crate::policy::{Action, Ending, Input, Notice, Policy, PolicyConfig, Stall, Trigger};
+use crate::reaper::{JobGroup, Reaper};
 use crate::terminate::{terminate, JobProcess, TerminationReport};
 use crate::wire::ClientMessage;
 
 /// Exit code when hangwatch ended a hung job (EX_TEMPFAIL: retryable).
 pub const EXIT_HUNG: i32 = 75;
 
-/// What `run` does when the job hangs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnHang {
-    /// Roll call, evidence, alert; nothing is killed.
-    Observe,
-    /// ... and end the job (TERM, grace, KILL), exit 75.
-    Abort,
-}
+/// How long the evidence writer may take before it is abandoned (a report directory on a frozen filesystem).
+const EVIDENCE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Everything the loop needs.
 pub struct RunConfig {
     pub launch: LaunchSpec,
     pub detector: DetectorConfig,
     pub on_hang: OnHang,
-    /// SIGTERM -> SIGKILL.
+    /// SIGTERM -> SIGKILL; also how long a job has to end after a forwarded signal.
     pub grace: Duration,
     /// After SIGKILL, how long before a survivor is called unkillable.
     pub kill_wait: Duration,
@@ -75,9 +76,28 @@ pub struct RunOutcome {
 /// One thing that happened.
 #[derive(Debug)]
 pub enum Event {
-    Output { rank: Option<u32>, at: Instant },
-    Client { message: ClientMessage, at: Instant },
+    Output {
+        rank: Option<u32>,
+        at: Instant,
+    },
+    Client {
+        message: ClientMessage,
+        at: Instant,
+    },
     Signal(i32),
+    /// The roll call worker finished (the evidence is written or given up on, the alert is on its way).
+    Investigated(Box<Investigation>),
+    /// The termination worker finished.
+    Terminated(TerminationReport),
+}
+
+/// What a roll call worker brings back.
+#[derive(Debug)]
+pub struct Investigation {
+    pub trigger: Trigger,
+    pub verdict: Verdict,
+    /// Where the evidence went, or why it could not be written.
+    pub evidence: Result<PathBuf, String>,
 }
 
 /// Errors that stop `run` before or outside the job.
@@ -102,11 +122,14 @@ pub enum RunError {
 }
 
 /// A process of the job: one hangwatch started, or a rank found below the launcher.
+#[derive(Clone)]
 struct JobProc {
     /// Filled by the thread that waits for this child: the status and the moment it exited.
     waited: Option<ExitSlot>,
     pid: i32,
     pgid: i32,
+    /// Start time (clock ticks since boot): with the pid, who this process is — a reused pid is someone else.
+    start: Option<u64>,
     rank: Option<u32>,
     exit: Option<ExitStatus>,
     exited_at: Option<Instant>,
@@ -137,10 +160,13 @@ impl JobProcess for JobProc {
                 None => false,
             },
             None => {
-                let gone = !std::path::Path::new(&format!("/proc/{}", self.pid)).exists()
-                    || hangwatch_proc::ProcFs::new("/proc")
-                        .stat(self.pid)
-                        .is_ok_and(|s| s.state == 'Z');
+                // Not our child: gone, a zombie, or its pid now belongs to a younger process.
+                let gone = match ProcFs::new("/proc").stat(self.pid) {
+                    Ok(stat) => {
+                        stat.state == 'Z' || self.start.is_some_and(|s| s != stat.starttime)
+                    }
+                    Err(_) => true,
+                };
                 if gone {
                     self.exited_at.get_or_insert_with(Instant::now);
                 }
@@ -151,7 +177,7 @@ impl JobProcess for JobProc {
 }
 
 /// Where a waiter thread leaves a child's exit status and the moment it exited.
-type ExitSlot = Arc<std::sync::Mutex<Option<(ExitStatus, Instant)>>>;
+type ExitSlot = Arc<Mutex<Option<(ExitStatus, Instant)>>>;
 
 /// Waits for `child` in a thread of its own, so that the order in which ranks exit is known exactly (the first
 /// to fail gives the exit code and leads the verdict), not rounded to the supervision tick.
@@ -186,23 +212,26 @@ struct Supervisor {
     procs: Vec<JobProc>,
     tree_mode: bool,
     detector: Detector,
+    policy: Policy,
     start: Instant,
     procfs: ProcFs,
-    prober: Option<Prober>,
+    prober: Arc<Mutex<Option<Prober>>>,
     kernel_log: KernelLog,
     tails: Arc<Tails>,
     console: Option<Console>,
-    soft_handled: bool,
-    hard_handled: bool,
+    events: Sender<Event>,
+    /// The verdict of the last roll call, and the one acted on.
     last_verdict: Option<Verdict>,
     bundle: Option<PathBuf>,
-    interrupted: Option<i32>,
-    interrupts: u32,
+    termination: Option<TerminationReport>,
     last_discovery: Option<Instant>,
     last_activity_sample: Option<Instant>,
     activity: HashMap<i32, u64>,
     env_checked: HashMap<i32, Option<u32>>,
     heartbeats: Arc<crate::heartbeat::HeartbeatStats>,
+    reaper: Option<Reaper>,
+    groups: Vec<JobGroup>,
+    program: PathBuf,
 }
 
 /// Runs the job to its end. Never returns while a rank it can still end is alive, and never waits on one it
@@ -227,6 +256,13 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
     let console = config.console.map(Console::start);
     let tails = Arc::new(Tails::new(200));
     let open_streams = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let program =
+        hangwatch_inspect::child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
+    let reaper = Reaper::start(&program)
+        .map_err(|e| {
+            tracing::warn!(error = %e, "cannot start the job reaper: if hangwatch is killed, processes of the job below its ranks may outlive it")
+        })
+        .ok();
     let start = Instant::now();
     let launched = launch(&launch_spec)?;
     let tree_mode = launch_spec.nproc.is_none();
@@ -238,6 +274,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         prefix: config.prefix,
         open_streams: Arc::clone(&open_streams),
     };
+    let procfs = ProcFs::new("/proc");
     let mut procs = Vec::new();
     for Launched {
         child,
@@ -257,6 +294,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
             waited: Some(wait_in_background(child)),
             pid,
             pgid: pid,
+            start: procfs.stat(pid).ok().map(|s| s.starttime),
             rank,
             exit: None,
             exited_at: None,
@@ -264,35 +302,51 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         });
     }
     drop(ctx);
-    drop(tx);
     let prober = Prober::new()
         .map_err(|e| tracing::warn!(error = %e, "filesystem probes unavailable"))
         .ok();
     let detector = Detector::new(config.detector.clone(), Duration::ZERO);
+    let policy = Policy::new(PolicyConfig {
+        on_hang: config.on_hang,
+        grace: config.grace,
+        failed_rank_grace: config.failed_rank_grace,
+        inspect_budget: inspect_budget(&config),
+    });
     let mut sup = Supervisor {
         config,
         procs,
         tree_mode,
         detector,
+        policy,
         start,
-        procfs: ProcFs::new("/proc"),
-        prober,
+        procfs,
+        prober: Arc::new(Mutex::new(prober)),
         kernel_log,
         tails,
         console,
-        soft_handled: false,
-        hard_handled: false,
+        events: tx,
         last_verdict: None,
         bundle: None,
-        interrupted: None,
-        interrupts: 0,
+        termination: None,
         last_discovery: None,
         last_activity_sample: None,
         activity: HashMap::new(),
         env_checked: HashMap::new(),
         heartbeats: Arc::clone(&socket.stats),
+        reaper,
+        groups: Vec::new(),
+        program,
     };
+    sup.track_groups();
     let outcome = sup.run_loop(&rx);
+    // Processes that outlived their rank (a worker that ignored SIGTERM, a daemon) end with the job.
+    let swept = crate::reaper::sweep(&sup.procfs, &sup.groups);
+    if !swept.is_empty() {
+        tracing::info!(count = swept.len(), pids = ?swept, "ended processes of the job that outlived their rank");
+    }
+    if let Some(reaper) = sup.reaper.take() {
+        reaper.release();
+    }
     // The last lines of a job that ended are still in its pipes: let the drain threads finish, briefly (a
     // grandchild that keeps a pipe open must not hold hangwatch).
     let linger = if outcome.exit_code == EXIT_HUNG {
@@ -316,6 +370,13 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         }
     }
     Ok(outcome)
+}
+
+/// How long a signal may be held back while a stuck job's evidence is taken: the roll call's own deadlines
+/// (two /proc samples, stacks, a probe), bounded so that grace + this stays well inside Slurm's KillWait (30 s).
+fn inspect_budget(config: &RunConfig) -> Duration {
+    (config.window + config.stack_timeout + config.probe_timeout + Duration::from_secs(1))
+        .min(Duration::from_secs(8))
 }
 
 struct SignalThread {
@@ -375,10 +436,11 @@ impl Supervisor {
     }
 
     fn handle_event(&mut self, event: Event) -> Option<RunOutcome> {
-        match event {
+        let input = match event {
             Event::Output { rank, at } => {
                 let at = self.since_start(at);
                 self.detector.progress(rank, ProgressSource::Output, at);
+                return None;
             }
             Event::Client { message, at } => {
                 let at = self.since_start(at);
@@ -396,38 +458,56 @@ impl Supervisor {
                     } => self.detector.phase_end(header.rank, &name, at),
                     ClientMessage::Hello { .. } | ClientMessage::Log { .. } => {}
                 }
+                return None;
             }
-            Event::Signal(sig) => return self.on_signal(sig),
-        }
-        None
-    }
-
-    fn on_signal(&mut self, sig: i32) -> Option<RunOutcome> {
-        self.interrupts += 1;
-        self.interrupted.get_or_insert(sig);
-        let forward = if self.interrupts >= 2 {
-            eprintln!("hangwatch: second interrupt: killing the job");
-            Signal::SIGKILL
-        } else {
-            eprintln!("hangwatch: passing the signal on to the job (again to kill it)");
-            Signal::try_from(sig).unwrap_or(Signal::SIGTERM)
+            Event::Signal(signal) => {
+                let now = self.now();
+                let stalled_for = self.detector.stalled_for(now);
+                let stuck = match self.detector.usual_step() {
+                    Some(usual) => stalled_for > usual.max(Duration::from_secs(1)),
+                    None => stalled_for >= self.detector.threshold().soft,
+                };
+                tracing::info!(
+                    signal,
+                    stuck,
+                    stalled_for_s = stalled_for.as_secs_f64(),
+                    "signal received"
+                );
+                Input::Signal { signal, stuck }
+            }
+            Event::Investigated(investigation) => {
+                let Investigation {
+                    trigger,
+                    verdict,
+                    evidence,
+                } = *investigation;
+                match evidence {
+                    Ok(dir) => {
+                        say(format!("hangwatch: evidence in {}", dir.display()));
+                        self.bundle = Some(dir);
+                    }
+                    Err(why) => {
+                        tracing::warn!(reason = %why, "the evidence bundle is incomplete");
+                        say(format!("hangwatch: warning: {why}"));
+                    }
+                }
+                let conclusive = is_conclusive(&verdict);
+                self.last_verdict = Some(verdict);
+                Input::RollCallDone {
+                    trigger,
+                    conclusive,
+                }
+            }
+            Event::Terminated(report) => {
+                if self.termination.is_none() {
+                    self.termination = Some(report);
+                }
+                Input::Terminated
+            }
         };
-        for p in self.procs.iter_mut() {
-            if p.has_exited() {
-                continue;
-            }
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pgid), forward);
-        }
-        None
-    }
-
-    fn live(&mut self) -> usize {
-        self.procs
-            .iter_mut()
-            .filter(|p| !p.discovered)
-            .map(|p| !p.has_exited())
-            .filter(|alive| *alive)
-            .count()
+        let now = self.now();
+        let actions = self.policy.handle(input, now);
+        self.carry_out(actions)
     }
 
     fn tick(&mut self) -> Option<RunOutcome> {
@@ -441,64 +521,105 @@ impl Supervisor {
                 }
             }
         }
-        if self.live() == 0 {
-            return Some(self.job_ended_by_itself());
+        let job_alive = self.live() > 0;
+        if job_alive {
+            if self.tree_mode {
+                self.discover_ranks();
+                self.track_groups();
+            }
+            self.sample_activity();
         }
-        if self.tree_mode {
-            self.discover_ranks();
-        }
-        self.sample_activity();
+        let stall = match self.detector.check(now) {
+            StallState::Healthy => Stall::Healthy,
+            StallState::Soft { .. } => Stall::Soft,
+            StallState::Hard { .. } => Stall::Hard,
+        };
+        let failed_rank_for = self.failed_rank_waiting();
+        let actions = self.policy.handle(
+            Input::Tick {
+                stall,
+                failed_rank_for,
+                job_alive,
+            },
+            now,
+        );
+        self.carry_out(actions)
+    }
 
-        let failed_rank = self.failed_rank_waiting();
-        let state = self.detector.check(now);
-        match state {
-            StallState::Healthy if failed_rank.is_none() => {
-                if self.soft_handled || self.hard_handled {
-                    eprintln!("hangwatch: progress resumed");
+    /// Starts each action's worker (or does what takes no time); `Some` when the run is over.
+    fn carry_out(&mut self, actions: Vec<Action>) -> Option<RunOutcome> {
+        for action in actions {
+            match action {
+                Action::Say(notice) => {
+                    say(self.notice_text(&notice));
                 }
-                self.soft_handled = false;
-                self.hard_handled = false;
-                None
+                Action::RollCall(trigger) => self.start_investigation(trigger),
+                Action::Forward(signal) => self.forward(signal),
+                Action::Terminate { kill_now } => self.start_termination(kill_now),
+                Action::Finish(ending) => return Some(self.finish(ending)),
             }
-            _ if self.interrupted.is_some() => None,
-            StallState::Soft {
-                stalled_for,
-                threshold,
-            } if !self.soft_handled => {
-                self.soft_handled = true;
-                let verdict = self.investigate(stalled_for, &threshold, "soft");
-                if self.config.on_hang == OnHang::Abort && is_conclusive(&verdict) {
-                    return Some(self.end_job(verdict));
-                }
-                None
+        }
+        None
+    }
+
+    fn notice_text(&self, notice: &Notice) -> String {
+        match notice {
+            Notice::ProgressResumed => "hangwatch: progress resumed".into(),
+            Notice::InspectingBeforeSignal { signal } => format!(
+                "hangwatch: signal {signal} while the job makes no progress: keeping the evidence first (at most {:.0}s), then passing it on",
+                inspect_budget(&self.config).as_secs_f64()
+            ),
+            Notice::ForwardingSignal { signal } => format!(
+                "hangwatch: passing signal {signal} on to the job; it has {:.0}s to end (signal again to kill it now)",
+                self.config.grace.as_secs_f64()
+            ),
+            Notice::GraceOver { signal } => format!(
+                "hangwatch: the job did not end within {:.0}s of signal {signal}: killing it",
+                self.config.grace.as_secs_f64()
+            ),
+            Notice::SecondSignal => "hangwatch: second signal: killing the job now".into(),
+            Notice::EndingJob { grace } => format!(
+                "hangwatch: ending the job: SIGTERM, {:.0}s grace, then SIGKILL",
+                grace.as_secs_f64()
+            ),
+        }
+    }
+
+    fn forward(&mut self, signal: i32) {
+        let forward = Signal::try_from(signal).unwrap_or(Signal::SIGTERM);
+        for p in self.procs.iter_mut() {
+            if p.has_exited() {
+                continue;
             }
-            StallState::Hard {
-                stalled_for,
-                threshold,
-            } if !self.hard_handled => {
-                self.hard_handled = true;
-                self.soft_handled = true;
-                let verdict = self.investigate(stalled_for, &threshold, "hard");
-                if self.config.on_hang == OnHang::Abort {
-                    return Some(self.end_job(verdict));
-                }
-                None
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pgid), forward);
+        }
+    }
+
+    fn live(&mut self) -> usize {
+        self.procs
+            .iter_mut()
+            .filter(|p| !p.discovered)
+            .map(|p| !p.has_exited())
+            .filter(|alive| *alive)
+            .count()
+    }
+
+    /// Tells the reaper about process groups of the job it does not know yet.
+    fn track_groups(&mut self) {
+        for p in &self.procs {
+            if self.groups.iter().any(|g| g.pgid == p.pgid) {
+                continue;
             }
-            _ => {
-                if let Some(since) = failed_rank.filter(|_| !self.hard_handled) {
-                    if since >= self.config.failed_rank_grace {
-                        self.hard_handled = true;
-                        self.soft_handled = true;
-                        let threshold = self.detector.threshold();
-                        let stalled_for = self.detector.stalled_for(now);
-                        let verdict = self.investigate(stalled_for, &threshold, "a rank failed");
-                        if self.config.on_hang == OnHang::Abort {
-                            return Some(self.end_job(verdict));
-                        }
-                    }
-                }
-                None
+            let Some(group) = JobGroup::of_leader(&self.procfs, p.pid) else {
+                continue;
+            };
+            if group.pgid <= 1 || group.pgid == nix::unistd::getpgrp().as_raw() {
+                continue;
             }
+            if let Some(reaper) = &mut self.reaper {
+                reaper.watch(group);
+            }
+            self.groups.push(group);
         }
     }
 
@@ -578,6 +699,7 @@ impl Supervisor {
                         waited: None,
                         pid,
                         pgid,
+                        start: self.procfs.stat(pid).ok().map(|s| s.starttime),
                         rank: Some(rank),
                         exit: None,
                         exited_at: None,
@@ -616,43 +738,59 @@ impl Supervisor {
         }
     }
 
-    fn thresholds_json(&self, threshold: &Threshold, stalled_for: Duration) -> serde_json::Value {
-        let c = self.detector.config();
-        serde_json::json!({
-            "stalled_for_s": stalled_for.as_secs_f64(),
-            "hard_s": threshold.hard.as_secs_f64(),
-            "soft_s": threshold.soft.as_secs_f64(),
-            "basis": threshold.basis,
-            "phase": threshold.phase,
-            "samples": threshold.samples,
-            "progress_source": threshold.source.map(|s| format!("{s:?}").to_lowercase()),
-            "config": {
-                "fixed_s": c.fixed.map(|d| d.as_secs_f64()),
-                "floor_s": c.floor.as_secs_f64(),
-                "ceiling_s": c.ceiling.as_secs_f64(),
-                "warmup_s": c.warmup.as_secs_f64(),
-                "min_samples": c.min_samples,
-                "p95_factor": c.p95_factor,
-                "max_factor": c.max_factor,
-                "soft_fraction": c.soft_fraction,
-            }
-        })
+    fn thresholds_record(&self, threshold: &Threshold, stalled_for: Duration) -> ThresholdsRecord {
+        ThresholdsRecord::new(self.detector.config(), threshold, stalled_for)
     }
 
-    /// Roll call, evidence, alert. Returns the verdict.
-    fn investigate(&mut self, stalled_for: Duration, threshold: &Threshold, tier: &str) -> Verdict {
-        eprintln!(
-            "hangwatch: no progress for {:.1}s ({} threshold {:.0}s, {}): taking a roll call",
+    fn run_record(&self) -> RunRecord {
+        use std::sync::atomic::Ordering::Relaxed;
+        RunRecord {
+            hangwatch_version: env!("CARGO_PKG_VERSION").to_string(),
+            node: self.config.node.clone(),
+            command: self
+                .config
+                .launch
+                .command
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            nproc: self.config.launch.nproc,
+            pids: self
+                .procs
+                .iter()
+                .map(|p| crate::evidence::PidRecord {
+                    pid: p.pid,
+                    rank: p.rank,
+                })
+                .collect(),
+            running_for_s: self.now().as_secs_f64(),
+            heartbeats: HeartbeatCounters {
+                received: self.heartbeats.received.load(Relaxed),
+                malformed: self.heartbeats.malformed.load(Relaxed),
+                dropped_by_clients: self.heartbeats.client_dropped.load(Relaxed),
+            },
+            console_lines_dropped: self.console.as_ref().map(Console::dropped),
+            messages_dropped: crate::human::dropped(crate::human::Stream::Stderr),
+        }
+    }
+
+    /// Starts the roll call worker: roll call, evidence (in an abandonable child), alert. Everything it needs is
+    /// copied out of the loop's state now, so the loop goes on at once.
+    fn start_investigation(&mut self, trigger: Trigger) {
+        let now = self.now();
+        let stalled_for = self.detector.stalled_for(now);
+        let threshold = self.detector.threshold();
+        let tier_threshold = match trigger {
+            Trigger::Soft => threshold.soft,
+            _ => threshold.hard,
+        };
+        say(format!(
+            "hangwatch: no progress for {:.1}s ({}; threshold {:.0}s, {}): taking a roll call",
             stalled_for.as_secs_f64(),
-            tier,
-            if tier == "soft" {
-                threshold.soft
-            } else {
-                threshold.hard
-            }
-            .as_secs_f64(),
+            trigger.describe(),
+            tier_threshold.as_secs_f64(),
             threshold.basis
-        );
+        ));
         let ranks = self.rank_pids();
         let pids: Vec<i32> = ranks.iter().map(|(p, _)| *p).collect();
         let known: HashMap<i32, KnownProcess> = self
@@ -671,7 +809,7 @@ impl Supervisor {
             .collect();
         let stacks = StackReadOptions::for_self()
             .unwrap_or_else(|_| StackReadOptions {
-                program: PathBuf::from("hangwatch"),
+                program: self.program.clone(),
                 per_pid_timeout: self.config.stack_timeout,
                 total_timeout: self.config.stack_timeout,
                 parallelism: 2,
@@ -684,92 +822,110 @@ impl Supervisor {
             node: self.config.node.clone(),
             stalled_for_s: Some(stalled_for.as_secs_f64()),
         };
-        let probe_timeout = self.config.probe_timeout;
-        let prober = &mut self.prober;
-        let rollcall: RollCall = take_roll_call(&self.procfs, &pids, &known, &options, |mounts| {
-            let Some(prober) = prober.as_mut() else {
-                return Vec::new();
-            };
-            let options = ProbeOptions {
-                timeout: probe_timeout,
-                write: true,
-            };
-            prober
-                .probe_all(mounts, &options)
-                .into_iter()
-                .filter_map(Result::ok)
-                .collect()
-        });
-        let verdict = rollcall.verdict.clone();
-        eprint!("{}", crate::render::verdict_text(&verdict));
-        self.save_evidence(&verdict, &rollcall, threshold, stalled_for);
-        crate::alert::send(&self.config.alert, &verdict);
-        self.last_verdict = Some(verdict.clone());
-        verdict
-    }
-
-    fn save_evidence(
-        &mut self,
-        verdict: &Verdict,
-        rollcall: &RollCall,
-        threshold: &Threshold,
-        stalled_for: Duration,
-    ) {
-        let thresholds = self.thresholds_json(threshold, stalled_for);
-        let run = serde_json::json!({
-            "hangwatch_version": env!("CARGO_PKG_VERSION"),
-            "node": self.config.node,
-            "command": self.config.launch.command.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>(),
-            "nproc": self.config.launch.nproc,
-            "pids": self.procs.iter().map(|p| serde_json::json!({"pid": p.pid, "rank": p.rank})).collect::<Vec<_>>(),
-            "running_for_s": self.now().as_secs_f64(),
-            "heartbeats": {
-                "received": self.heartbeats.received.load(std::sync::atomic::Ordering::Relaxed),
-                "malformed": self.heartbeats.malformed.load(std::sync::atomic::Ordering::Relaxed),
-                "dropped_by_clients": self.heartbeats.client_dropped.load(std::sync::atomic::Ordering::Relaxed),
-            },
-            "console_lines_dropped": self.console.as_ref().map(Console::dropped),
-        });
-        let kernel = self.kernel_log.text();
-        let tails = self.tails.snapshot();
-        let evidence = Evidence {
-            verdict,
-            observations: &rollcall.observations,
-            probes: &rollcall.probes,
-            thresholds: &thresholds,
-            kernel_log: &kernel,
-            kernel_log_unavailable: self.kernel_log.unavailable.as_deref(),
-            tails: &tails,
-            run: &run,
+        let job = InvestigationJob {
+            trigger,
+            pids,
+            known,
+            options,
+            probe_timeout: self.config.probe_timeout,
+            prober: Arc::clone(&self.prober),
+            thresholds: self.thresholds_record(&threshold, stalled_for),
+            run: self.run_record(),
+            kernel_log: self.kernel_log.text(),
+            kernel_log_unavailable: self.kernel_log.unavailable.clone(),
+            tails: self.tails.snapshot(),
+            report_dir: self.config.report_dir.clone(),
+            program: self.program.clone(),
+            alert: self.config.alert.clone(),
         };
-        match write_bundle(&self.config.report_dir, &evidence) {
-            Ok(_) => {
-                eprintln!(
-                    "hangwatch: evidence in {}",
-                    self.config.report_dir.display()
-                );
-                self.bundle = Some(self.config.report_dir.clone());
-            }
-            Err(e) => tracing::error!(error = %e, "could not write the evidence bundle"),
+        let events = self.events.clone();
+        let spawned = std::thread::Builder::new()
+            .name("hw-rollcall".into())
+            .spawn(move || {
+                let investigation = job.run();
+                let _ = events.send(Event::Investigated(Box::new(investigation)));
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the roll call");
+            let _ = self
+                .events
+                .send(Event::Investigated(Box::new(Investigation {
+                    trigger,
+                    verdict: Verdict::unknown("the roll call could not be started"),
+                    evidence: Err(format!("cannot start the roll call: {e}")),
+                })));
         }
     }
 
-    fn end_job(&mut self, mut verdict: Verdict) -> RunOutcome {
-        eprintln!(
-            "hangwatch: ending the job: SIGTERM, {:.0}s grace, then SIGKILL",
-            self.config.grace.as_secs_f64()
-        );
-        let procfs = ProcFs::new("/proc");
-        let report = terminate(
-            &mut self.procs,
-            self.config.grace,
-            self.config.kill_wait,
-            |pid| procfs.stat(pid).ok().map(|s| s.state),
-        );
+    /// Starts the termination worker: TERM, grace, KILL (or KILL at once), then the unkillable are reported.
+    fn start_termination(&mut self, kill_now: bool) {
+        let mut procs = self.procs.clone();
+        let grace = if kill_now {
+            Duration::ZERO
+        } else {
+            self.config.grace
+        };
+        let kill_wait = self.config.kill_wait;
+        let events = self.events.clone();
+        let spawned = std::thread::Builder::new()
+            .name("hw-terminate".into())
+            .spawn(move || {
+                let procfs = ProcFs::new("/proc");
+                let report = terminate(&mut procs, grace, kill_wait, |pid| {
+                    procfs.stat(pid).ok().map(|s| s.state)
+                });
+                let _ = events.send(Event::Terminated(report));
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the termination; killing the job from the loop");
+            for p in &self.procs {
+                let _ =
+                    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pgid), Signal::SIGKILL);
+            }
+            let _ = self
+                .events
+                .send(Event::Terminated(TerminationReport::default()));
+        }
+    }
+
+    fn finish(&mut self, ending: Ending) -> RunOutcome {
+        match ending {
+            Ending::Hung => self.finish_hung(),
+            Ending::Interrupted(signal) => {
+                let mut outcome = self.job_ended_by_itself(Some(signal));
+                if let Some(report) = self.termination.take() {
+                    self.report_termination(&report);
+                    outcome.exit_code = 128 + signal;
+                    outcome.termination = Some(report);
+                }
+                if let Some(verdict) = self.last_verdict.clone() {
+                    self.save_final_verdict(&verdict);
+                }
+                outcome
+            }
+            Ending::ByItself => self.job_ended_by_itself(None),
+        }
+    }
+
+    /// Adds what the termination did to the last verdict and says who could not be killed.
+    fn report_termination(&mut self, report: &TerminationReport) {
         let ranks_of = |pids: &[i32], procs: &[JobProc]| -> Vec<u32> {
             pids.iter()
                 .filter_map(|pid| procs.iter().find(|p| p.pid == *pid).and_then(|p| p.rank))
                 .collect()
+        };
+        let node = self
+            .config
+            .node
+            .clone()
+            .unwrap_or_else(|| "this node".into());
+        for (pid, state) in &report.unkillable {
+            say(format!(
+                "hangwatch: pid {pid} is still in state {state} after SIGKILL: not waiting for it; drain or reboot {node}"
+            ));
+        }
+        let Some(verdict) = self.last_verdict.as_mut() else {
+            return;
         };
         let ended: Vec<i32> = report
             .ended_by_term
@@ -791,11 +947,6 @@ impl Supervisor {
             )),
         });
         if !report.unkillable.is_empty() {
-            let node = self
-                .config
-                .node
-                .clone()
-                .unwrap_or_else(|| "this node".into());
             verdict.actions.push(ActionRecord {
                 action: "unkillable".into(),
                 ranks: ranks_of(&unkillable, &self.procs),
@@ -818,29 +969,41 @@ impl Supervisor {
                      and restart the job elsewhere"
                 ),
             );
-            for (pid, state) in &report.unkillable {
-                eprintln!("hangwatch: pid {pid} is still in state {state} after SIGKILL: not waiting for it; drain or reboot {node}");
-            }
         }
-        let _ = std::fs::write(
-            self.config.report_dir.join("verdict.json"),
-            serde_json::to_vec_pretty(&verdict).unwrap_or_default(),
-        );
-        let _ = std::fs::write(
-            self.config.report_dir.join("verdict.txt"),
-            crate::render::verdict_text(&verdict),
-        );
-        self.last_verdict = Some(verdict.clone());
+    }
+
+    /// The verdict files again, now with the actions taken (abandonable: the report directory may be frozen).
+    fn save_final_verdict(&mut self, verdict: &Verdict) {
+        if let Err(e) = write_abandonable(
+            &self.program,
+            &self.config.report_dir,
+            &verdict_files(verdict),
+            EVIDENCE_DEADLINE,
+        ) {
+            tracing::warn!(error = %e, "the final verdict could not be saved");
+            say(format!(
+                "hangwatch: warning: the final verdict could not be saved: {e}"
+            ));
+        }
+    }
+
+    fn finish_hung(&mut self) -> RunOutcome {
+        let report = self.termination.take().unwrap_or_default();
+        self.report_termination(&report);
+        let verdict = self.last_verdict.clone();
+        if let Some(verdict) = &verdict {
+            self.save_final_verdict(verdict);
+        }
         RunOutcome {
             exit_code: EXIT_HUNG,
-            verdict: Some(verdict),
+            verdict,
             bundle: self.bundle.clone(),
             termination: Some(report),
             interrupted_by: None,
         }
     }
 
-    fn job_ended_by_itself(&mut self) -> RunOutcome {
+    fn job_ended_by_itself(&mut self, interrupted: Option<i32>) -> RunOutcome {
         let mut exits: Vec<(&Instant, i32)> = self
             .procs
             .iter()
@@ -849,7 +1012,7 @@ impl Supervisor {
             .collect();
         exits.sort_by_key(|(at, _)| **at);
         let code = exits.iter().map(|(_, c)| *c).find(|c| *c != 0).unwrap_or(0);
-        let code = match self.interrupted {
+        let code = match interrupted {
             Some(sig) if code == 0 || code > 128 => 128 + sig,
             _ => code,
         };
@@ -858,7 +1021,74 @@ impl Supervisor {
             verdict: self.last_verdict.clone(),
             bundle: self.bundle.clone(),
             termination: None,
-            interrupted_by: self.interrupted,
+            interrupted_by: interrupted,
+        }
+    }
+}
+
+/// A roll call to take in a worker, with everything copied out of the loop.
+struct InvestigationJob {
+    trigger: Trigger,
+    pids: Vec<i32>,
+    known: HashMap<i32, KnownProcess>,
+    options: RollCallOptions,
+    probe_timeout: Duration,
+    prober: Arc<Mutex<Option<Prober>>>,
+    thresholds: ThresholdsRecord,
+    run: RunRecord,
+    kernel_log: String,
+    kernel_log_unavailable: Option<String>,
+    tails: Vec<(String, Vec<String>)>,
+    report_dir: PathBuf,
+    program: PathBuf,
+    alert: AlertConfig,
+}
+
+impl InvestigationJob {
+    fn run(self) -> Investigation {
+        let procfs = ProcFs::new("/proc");
+        let probe_timeout = self.probe_timeout;
+        let prober = Arc::clone(&self.prober);
+        let rollcall = take_roll_call(&procfs, &self.pids, &self.known, &self.options, |mounts| {
+            let mut guard = prober.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(prober) = guard.as_mut() else {
+                return Vec::new();
+            };
+            let options = ProbeOptions {
+                timeout: probe_timeout,
+                write: true,
+            };
+            prober
+                .probe_all(mounts, &options)
+                .into_iter()
+                .filter_map(Result::ok)
+                .collect()
+        });
+        let verdict = rollcall.verdict.clone();
+        say(crate::render::verdict_text(&verdict));
+        let evidence = Evidence {
+            verdict: &verdict,
+            observations: &rollcall.observations,
+            probes: &rollcall.probes,
+            thresholds: &self.thresholds,
+            kernel_log: &self.kernel_log,
+            kernel_log_unavailable: self.kernel_log_unavailable.as_deref(),
+            tails: &self.tails,
+            run: &self.run,
+        };
+        let written = write_abandonable(
+            &self.program,
+            &self.report_dir,
+            &evidence.files(),
+            EVIDENCE_DEADLINE,
+        )
+        .map(|()| self.report_dir.clone())
+        .map_err(|e| e.to_string());
+        crate::alert::send(&self.alert, &verdict);
+        Investigation {
+            trigger: self.trigger,
+            verdict,
+            evidence: written,
         }
     }
 }

@@ -27,8 +27,19 @@ pub fn usage(message: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(UsageError(message.into()))
 }
 
-/// Prints the error chain on stderr and maps it to the SPEC's exit code.
+/// How long the exit waits for hangwatch's own output to be written (a reader that stopped must not hold it).
+const OUTPUT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Prints the error chain on stderr and maps it to the SPEC's exit code, after hangwatch's own output is written
+/// (or its deadline passed).
 pub fn finish(result: anyhow::Result<ExitCode>) -> ExitCode {
+    let code = decide(result);
+    hangwatch_agent::human::flush(OUTPUT_DEADLINE);
+    code
+}
+
+fn decide(result: anyhow::Result<ExitCode>) -> ExitCode {
+    use hangwatch_agent::human::say;
     match result {
         Ok(code) => code,
         Err(err) => {
@@ -37,10 +48,11 @@ pub fn finish(result: anyhow::Result<ExitCode>) -> ExitCode {
             } else {
                 FAILURE
             };
-            eprintln!("hangwatch: error: {err}");
+            let mut text = format!("hangwatch: error: {err}");
             for cause in err.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                text.push_str(&format!("\n  caused by: {cause}"));
             }
+            say(text);
             ExitCode::from(code)
         }
     }

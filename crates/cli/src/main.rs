@@ -49,6 +49,12 @@ enum Command {
     /// Internal: write log lines to their destination in a process the log sink can abandon.
     #[command(name = "__log-writer", hide = true)]
     LogWriter(commands::log_writer::Args),
+    /// Internal: end the job's processes if `run` dies.
+    #[command(name = "__job-reaper", hide = true)]
+    JobReaper(commands::job_children::ReaperArgs),
+    /// Internal: write evidence files in a process `run` can abandon.
+    #[command(name = "__write-evidence", hide = true)]
+    WriteEvidence(commands::job_children::EvidenceArgs),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +74,8 @@ fn main() -> ExitCode {
         Command::InspectChild(args) => commands::inspect_child::run(args),
         Command::ProbeChild(args) => commands::probe::run_child(args),
         Command::LogWriter(args) => commands::log_writer::run(args),
+        Command::JobReaper(args) => commands::job_children::run_reaper(args),
+        Command::WriteEvidence(args) => commands::job_children::run_evidence_writer(args),
     };
     exit::finish(result)
 }
@@ -86,5 +94,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::InspectChild(_) => "__inspect-child",
         Command::ProbeChild(_) => "__probe-child",
         Command::LogWriter(_) => "__log-writer",
+        Command::JobReaper(_) => "__job-reaper",
+        Command::WriteEvidence(_) => "__write-evidence",
     }
 }

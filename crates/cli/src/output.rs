@@ -15,16 +15,17 @@ pub fn init_tracing(verbose: u8) {
         EnvFilter::try_from_env("HANGWATCH_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(hangwatch_agent::human::LogWriter)
         .with_target(false)
         .try_init();
 }
 
-/// Prints one JSON document on stdout.
+/// Prints one JSON document on stdout (through the never-blocking writer; `main` waits for it, bounded).
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut stdout, value)?;
-    writeln!(stdout)?;
-    stdout.flush()?;
+    let mut doc = serde_json::to_vec_pretty(value)?;
+    doc.write_all(b"\n")?;
+    if !hangwatch_agent::human::write(hangwatch_agent::human::Stream::Stdout, doc) {
+        anyhow::bail!("stdout is not being read: the JSON document was dropped");
+    }
     Ok(())
 }

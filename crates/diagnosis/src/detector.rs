@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 /// What counts as progress, strongest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ProgressSource {
     Heartbeat,
     Output,
@@ -255,6 +256,14 @@ impl Detector {
         (hard, "learned".into())
     }
 
+    /// The usual interval between two steps of the strongest source (p95 of recent ordinary intervals), once at
+    /// least two were seen: "no progress for longer than its usual step" is how a signal handler tells a job that
+    /// is stuck from one that is merely between steps.
+    pub fn usual_step(&self) -> Option<Duration> {
+        let samples = self.intervals.get(&(self.source()?, None))?;
+        (samples.len() >= 2).then(|| samples.p95())
+    }
+
     /// How long since the last progress of the strongest source (since the start when there was none).
     pub fn stalled_for(&self, now: Duration) -> Duration {
         let last = self
@@ -376,6 +385,16 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn usual_step_is_known_after_two_intervals() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        d.progress(Some(0), ProgressSource::Output, s(1.0));
+        d.progress(Some(0), ProgressSource::Output, s(3.0));
+        assert_eq!(d.usual_step(), None, "one interval says little");
+        d.progress(Some(0), ProgressSource::Output, s(5.0));
+        assert_eq!(d.usual_step(), Some(s(2.0)));
     }
 
     #[test]

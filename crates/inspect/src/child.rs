@@ -77,14 +77,21 @@ pub enum ChildError {
 ///
 /// Never blocks longer than `deadline` (plus scheduling noise): the pipes are polled, never read blockingly, and
 /// the child is never waited for after the deadline.
-pub fn run_with_deadline(
+pub fn run_with_deadline(command: Command, deadline: Duration) -> Result<ChildOutcome, ChildError> {
+    run_with_deadline_and_input(command, Stdio::null(), deadline)
+}
+
+/// [`run_with_deadline`] with `stdin` as the child's standard input: a memfd or a file already written, never a
+/// pipe the parent would have to feed (feeding it could block on a child that stopped reading).
+pub fn run_with_deadline_and_input(
     mut command: Command,
+    stdin: Stdio,
     deadline: Duration,
 ) -> Result<ChildOutcome, ChildError> {
     let started = Instant::now();
     let program = command.get_program().to_string_lossy().into_owned();
     command
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = command

@@ -74,6 +74,27 @@ pub struct Verdict {
     pub ranks: Vec<RankReport>,
 }
 
+impl Verdict {
+    /// A verdict that says only that nothing could be seen (`kind: unknown`), with why.
+    pub fn unknown(summary: impl Into<String>) -> Self {
+        Self {
+            version: 1,
+            kind: VerdictKind::Unknown,
+            summary: summary.into(),
+            stalled_for_s: None,
+            culprits: Vec::new(),
+            groups: Vec::new(),
+            filesystems: Vec::new(),
+            actions: Vec::new(),
+            observed_at_unix_s: None,
+            node: None,
+            recommendations: Vec::new(),
+            warnings: Vec::new(),
+            ranks: Vec::new(),
+        }
+    }
+}
+
 /// A rank that holds the others up, with where it is stuck.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Culprit {

@@ -3,6 +3,7 @@
 pub mod demo;
 pub mod dump;
 pub mod inspect_child;
+pub mod job_children;
 pub mod kmsg;
 pub mod log_sink;
 pub mod log_writer;

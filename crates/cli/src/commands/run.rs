@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use hangwatch_agent::alert::{parse_webhook, AlertConfig};
+use hangwatch_agent::human::say;
 use hangwatch_agent::launch::{check_program, LaunchSpec};
 use hangwatch_agent::supervise::{run as supervise, OnHang, RunConfig};
 use hangwatch_diagnosis::DetectorConfig;
@@ -195,11 +196,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             report(&args, &outcome, &report_dir)
         }
         Err(e) => {
-            eprintln!("hangwatch: error: {:#}", anyhow::Error::new(e));
+            say(format!("hangwatch: error: {:#}", anyhow::Error::new(e)));
             1
         }
     };
     if let Some(own) = own_output {
+        // What hangwatch said last must reach the redirected stream before it is closed.
+        hangwatch_agent::human::flush(Duration::from_secs(3));
         own.finish(Duration::from_secs(3));
     }
     Ok(ExitCode::from(
@@ -231,15 +234,17 @@ fn report(
             .map_err(anyhow::Error::from)
             .and_then(|d| crate::output::print_json(&d))
         {
-            eprintln!("hangwatch: error: cannot print the JSON document: {e:#}");
+            say(format!(
+                "hangwatch: error: cannot print the JSON document: {e:#}"
+            ));
             return 1;
         }
     }
     if outcome.exit_code == hangwatch_agent::supervise::EXIT_HUNG {
-        eprintln!(
+        say(format!(
             "hangwatch: the job hung and was ended (exit 75: retryable); evidence in {}",
             report_dir.display()
-        );
+        ));
     }
     outcome.exit_code
 }
@@ -287,13 +292,13 @@ fn warn_if_shared(dir: &std::path::Path) {
     let probe_path = dir.ancestors().find(|a| a.exists()).unwrap_or(dir);
     if let Some(mount) = table.containing(&probe_path.to_string_lossy()) {
         if mount.is_remote() {
-            eprintln!(
+            say(format!(
                 "hangwatch: warning: the report directory {} is on {} ({}), a shared filesystem; evidence should be \
                  node-local (use --report-dir /var/tmp/...)",
                 dir.display(),
                 mount.mount_point,
                 mount.fstype
-            );
+            ));
         }
     }
 }

@@ -1,0 +1,793 @@
+//! The supervision policy: what `run` does next, decided from what happened. Pure: inputs in (a tick with the
+//! detector's state, a roll call or a termination that finished, a signal), actions out (take a roll call, end the
+//! job, pass a signal on, finish), `now` passed in. The supervision loop carries the actions out in workers that
+//! report back as inputs, so the loop that decides never waits.
+//!
+//! ```text
+//!   Tick(stall) ──► Soft ─► RollCall(Soft) ──► RollCallDone(conclusive) ─► Terminate ─► Terminated ─► Finish(Hung)
+//!                   Hard ─► RollCall(Hard)  ──► RollCallDone             ─► Terminate ─► ...
+//!   Signal ──► stuck?  yes ─► RollCall(Signal) ─► RollCallDone ─► Forward ─► (grace) ─► Terminate{kill} ─► Finish
+//!                      no  ─► Forward ─► job ends by itself ─► Finish(Interrupted)
+//!   second Signal ──► Terminate{kill now}
+//! ```
+
+use std::time::Duration;
+
+/// What `run` does about a hang.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnHang {
+    /// Roll call, evidence, alert; nothing is killed.
+    Observe,
+    /// ... and end the job (TERM, grace, KILL), exit 75.
+    Abort,
+}
+
+/// Why a roll call is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// Past the soft threshold: look, keep the evidence, alert; act only on conclusive evidence.
+    Soft,
+    /// Past the hard threshold: look, then act.
+    Hard,
+    /// A rank failed and its peers go on waiting.
+    RankFailed,
+    /// hangwatch got this signal while the job was stuck: the evidence is kept before the job is ended.
+    Signal(i32),
+}
+
+impl Trigger {
+    /// The word for people ("soft threshold", "signal 15").
+    pub fn describe(self) -> String {
+        match self {
+            Trigger::Soft => "soft threshold".into(),
+            Trigger::Hard => "hard threshold".into(),
+            Trigger::RankFailed => "a rank failed".into(),
+            Trigger::Signal(sig) => format!("signal {sig}"),
+        }
+    }
+}
+
+/// How the run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// Every rank ended by itself: the job's own exit code.
+    ByItself,
+    /// hangwatch ended a hung job: 75.
+    Hung,
+    /// hangwatch was told to stop by this signal: 128 + signal (or the job's own failure code).
+    Interrupted(i32),
+}
+
+/// What the policy wants said to people (rendered by the loop).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    ProgressResumed,
+    /// The job is stuck and hangwatch was signalled: evidence first, then the signal goes on.
+    InspectingBeforeSignal {
+        signal: i32,
+    },
+    ForwardingSignal {
+        signal: i32,
+    },
+    /// The job did not end within the grace period after the signal.
+    GraceOver {
+        signal: i32,
+    },
+    SecondSignal,
+    /// Ending the job: SIGTERM, then SIGKILL after the grace period.
+    EndingJob {
+        grace: Duration,
+    },
+}
+
+/// One thing for the loop to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Say(Notice),
+    /// Roll call, evidence, alert (one worker); reports back with [`Input::RollCallDone`].
+    RollCall(Trigger),
+    /// Pass the signal on to every process group of the job.
+    Forward(i32),
+    /// End the job: SIGTERM, grace, SIGKILL (`kill_now`: SIGKILL at once); reports back with
+    /// [`Input::Terminated`].
+    Terminate {
+        kill_now: bool,
+    },
+    /// Exit.
+    Finish(Ending),
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// The supervision tick: the detector's state now and the job's.
+    Tick {
+        stall: Stall,
+        /// A rank failed this long ago while others still run (`--nproc` mode).
+        failed_rank_for: Option<Duration>,
+        /// Any process of the job still alive.
+        job_alive: bool,
+    },
+    /// hangwatch received a signal. `stuck`: the job made no progress for longer than its usual step.
+    Signal { signal: i32, stuck: bool },
+    /// A roll call finished (evidence kept, alert sent). `conclusive`: strong enough to act at the soft tier.
+    RollCallDone { trigger: Trigger, conclusive: bool },
+    /// A termination finished.
+    Terminated,
+}
+
+/// The detector's state, without the details the policy does not need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stall {
+    Healthy,
+    Soft,
+    Hard,
+}
+
+/// Settings of the policy.
+#[derive(Debug, Clone)]
+pub struct PolicyConfig {
+    pub on_hang: OnHang,
+    /// Time between SIGTERM and SIGKILL, and after a forwarded signal before the job is killed.
+    pub grace: Duration,
+    /// A failed rank whose peers go on this long is treated as a hang.
+    pub failed_rank_grace: Duration,
+    /// The longest the evidence of a stuck job may hold a signal back.
+    pub inspect_budget: Duration,
+}
+
+/// Where the run is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stage {
+    Watching,
+    /// Signalled while stuck: a roll call runs, the signal goes on when it is done or at `until`.
+    InspectingBeforeSignal {
+        signal: i32,
+        until: Duration,
+    },
+    /// The signal went on; the job has until `until` to end by itself.
+    Forwarded {
+        signal: i32,
+        until: Duration,
+    },
+    /// A termination runs; then finish with this.
+    Ending(Ending),
+    Finished,
+}
+
+/// The policy of one run. Feed it every input in order; carry out the actions it returns, in order.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    config: PolicyConfig,
+    stage: Stage,
+    /// The roll call in flight, if any: never two at once.
+    rollcall: Option<Trigger>,
+    soft_done: bool,
+    hard_done: bool,
+    failed_done: bool,
+    /// The hard tier was reached while the soft roll call was still running: act on its result.
+    hard_pending: bool,
+    signals: u32,
+    /// The job ended while a roll call was still writing evidence: finish when it is done (or at this time).
+    ended_while_inspecting: Option<Duration>,
+}
+
+/// How long a finished job waits for the evidence of a roll call still in flight.
+const EVIDENCE_WAIT: Duration = Duration::from_secs(5);
+
+impl Policy {
+    pub fn new(config: PolicyConfig) -> Self {
+        Self {
+            config,
+            stage: Stage::Watching,
+            rollcall: None,
+            soft_done: false,
+            hard_done: false,
+            failed_done: false,
+            hard_pending: false,
+            signals: 0,
+            ended_while_inspecting: None,
+        }
+    }
+
+    /// The signal hangwatch was stopped by, if any.
+    pub fn interrupted_by(&self) -> Option<i32> {
+        match self.stage {
+            Stage::InspectingBeforeSignal { signal, .. } | Stage::Forwarded { signal, .. } => {
+                Some(signal)
+            }
+            Stage::Ending(Ending::Interrupted(signal)) => Some(signal),
+            _ => None,
+        }
+    }
+
+    /// Whether a roll call is in flight.
+    pub fn inspecting(&self) -> bool {
+        self.rollcall.is_some()
+    }
+
+    /// Decides what to do about `input` at `now` (time since the run started).
+    pub fn handle(&mut self, input: Input, now: Duration) -> Vec<Action> {
+        if self.stage == Stage::Finished {
+            return Vec::new();
+        }
+        match input {
+            Input::Tick {
+                stall,
+                failed_rank_for,
+                job_alive,
+            } => self.tick(stall, failed_rank_for, job_alive, now),
+            Input::Signal { signal, stuck } => self.signal(signal, stuck, now),
+            Input::RollCallDone {
+                trigger,
+                conclusive,
+            } => self.rollcall_done(trigger, conclusive, now),
+            Input::Terminated => match self.stage {
+                Stage::Ending(ending) => self.finish(ending),
+                _ => Vec::new(),
+            },
+        }
+    }
+
+    fn finish(&mut self, ending: Ending) -> Vec<Action> {
+        self.stage = Stage::Finished;
+        vec![Action::Finish(ending)]
+    }
+
+    fn start_rollcall(&mut self, trigger: Trigger) -> Action {
+        self.rollcall = Some(trigger);
+        Action::RollCall(trigger)
+    }
+
+    fn terminate(&mut self, ending: Ending, kill_now: bool) -> Vec<Action> {
+        self.stage = Stage::Ending(ending);
+        let mut actions = Vec::new();
+        if !kill_now {
+            actions.push(Action::Say(Notice::EndingJob {
+                grace: self.config.grace,
+            }));
+        }
+        actions.push(Action::Terminate { kill_now });
+        actions
+    }
+
+    fn tick(
+        &mut self,
+        stall: Stall,
+        failed_rank_for: Option<Duration>,
+        job_alive: bool,
+        now: Duration,
+    ) -> Vec<Action> {
+        if !job_alive {
+            return self.job_gone(now);
+        }
+        match self.stage {
+            Stage::Watching => {}
+            Stage::InspectingBeforeSignal { signal, until } if now >= until => {
+                return self.forward(signal, now);
+            }
+            Stage::Forwarded { signal, until } if now >= until => {
+                self.stage = Stage::Ending(Ending::Interrupted(signal));
+                return vec![
+                    Action::Say(Notice::GraceOver { signal }),
+                    Action::Terminate { kill_now: true },
+                ];
+            }
+            _ => return Vec::new(),
+        }
+        let mut actions = Vec::new();
+        if stall == Stall::Healthy && failed_rank_for.is_none() {
+            if self.soft_done || self.hard_done {
+                actions.push(Action::Say(Notice::ProgressResumed));
+            }
+            self.soft_done = false;
+            self.hard_done = false;
+            self.hard_pending = false;
+            return actions;
+        }
+        if self.rollcall.is_some() {
+            if stall == Stall::Hard {
+                self.hard_pending = true;
+            }
+            return actions;
+        }
+        match stall {
+            Stall::Hard if !self.hard_done => {
+                self.hard_done = true;
+                self.soft_done = true;
+                actions.push(self.start_rollcall(Trigger::Hard));
+            }
+            Stall::Soft if !self.soft_done => {
+                self.soft_done = true;
+                actions.push(self.start_rollcall(Trigger::Soft));
+            }
+            _ => {
+                if let Some(since) = failed_rank_for {
+                    if since >= self.config.failed_rank_grace && !self.failed_done {
+                        self.failed_done = true;
+                        self.hard_done = true;
+                        self.soft_done = true;
+                        actions.push(self.start_rollcall(Trigger::RankFailed));
+                    }
+                }
+            }
+        }
+        actions
+    }
+
+    /// Nothing of the job is alive any more.
+    fn job_gone(&mut self, now: Duration) -> Vec<Action> {
+        let ending = match self.stage {
+            // A termination in flight reports back; finish then.
+            Stage::Ending(_) => return Vec::new(),
+            Stage::InspectingBeforeSignal { signal, .. } | Stage::Forwarded { signal, .. } => {
+                Ending::Interrupted(signal)
+            }
+            Stage::Watching => Ending::ByItself,
+            Stage::Finished => return Vec::new(),
+        };
+        if self.rollcall.is_some() {
+            let since = *self.ended_while_inspecting.get_or_insert(now);
+            if now.saturating_sub(since) < EVIDENCE_WAIT {
+                return Vec::new();
+            }
+        }
+        self.finish(ending)
+    }
+
+    fn forward(&mut self, signal: i32, now: Duration) -> Vec<Action> {
+        self.stage = Stage::Forwarded {
+            signal,
+            until: now + self.config.grace,
+        };
+        vec![
+            Action::Say(Notice::ForwardingSignal { signal }),
+            Action::Forward(signal),
+        ]
+    }
+
+    fn signal(&mut self, signal: i32, stuck: bool, now: Duration) -> Vec<Action> {
+        self.signals += 1;
+        if self.signals >= 2 {
+            return match self.stage {
+                Stage::Ending(Ending::Interrupted(_)) | Stage::Finished => Vec::new(),
+                Stage::Ending(ending) => {
+                    // A termination is running (TERM, grace): make it KILL now, keep the reason.
+                    self.stage = Stage::Ending(ending);
+                    vec![
+                        Action::Say(Notice::SecondSignal),
+                        Action::Terminate { kill_now: true },
+                    ]
+                }
+                _ => {
+                    let first = self.interrupted_by().unwrap_or(signal);
+                    self.stage = Stage::Ending(Ending::Interrupted(first));
+                    vec![
+                        Action::Say(Notice::SecondSignal),
+                        Action::Terminate { kill_now: true },
+                    ]
+                }
+            };
+        }
+        match self.stage {
+            Stage::Watching if stuck => {
+                self.stage = Stage::InspectingBeforeSignal {
+                    signal,
+                    until: now + self.config.inspect_budget,
+                };
+                let mut actions = vec![Action::Say(Notice::InspectingBeforeSignal { signal })];
+                if self.rollcall.is_none() {
+                    actions.push(self.start_rollcall(Trigger::Signal(signal)));
+                }
+                actions
+            }
+            Stage::Watching => self.forward(signal, now),
+            // Already ending the job (a hang): the signal changes nothing but the next one kills.
+            _ => Vec::new(),
+        }
+    }
+
+    fn rollcall_done(&mut self, trigger: Trigger, conclusive: bool, now: Duration) -> Vec<Action> {
+        self.rollcall = None;
+        if self.ended_while_inspecting.is_some() {
+            return self.job_gone(now);
+        }
+        match self.stage {
+            Stage::InspectingBeforeSignal { signal, .. } => self.forward(signal, now),
+            Stage::Watching => {
+                let act = match trigger {
+                    Trigger::Hard | Trigger::RankFailed => true,
+                    Trigger::Soft => conclusive || self.hard_pending,
+                    Trigger::Signal(_) => false,
+                };
+                self.hard_pending = false;
+                if act && self.config.on_hang == OnHang::Abort {
+                    self.terminate(Ending::Hung, false)
+                } else {
+                    Vec::new()
+                }
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(x: f64) -> Duration {
+        Duration::from_secs_f64(x)
+    }
+
+    fn policy(on_hang: OnHang) -> Policy {
+        Policy::new(PolicyConfig {
+            on_hang,
+            grace: s(10.0),
+            failed_rank_grace: s(30.0),
+            inspect_budget: s(4.0),
+        })
+    }
+
+    fn tick(stall: Stall) -> Input {
+        Input::Tick {
+            stall,
+            failed_rank_for: None,
+            job_alive: true,
+        }
+    }
+
+    const GONE: Input = Input::Tick {
+        stall: Stall::Healthy,
+        failed_rank_for: None,
+        job_alive: false,
+    };
+
+    #[test]
+    fn a_healthy_job_that_ends_finishes_with_its_own_code() {
+        let mut p = policy(OnHang::Abort);
+        assert!(p.handle(tick(Stall::Healthy), s(1.0)).is_empty());
+        assert_eq!(
+            p.handle(GONE, s(2.0)),
+            vec![Action::Finish(Ending::ByItself)]
+        );
+        assert!(p.handle(GONE, s(3.0)).is_empty(), "finishes once");
+    }
+
+    #[test]
+    fn soft_tier_looks_once_and_acts_only_on_conclusive_evidence() {
+        let mut p = policy(OnHang::Abort);
+        assert_eq!(
+            p.handle(tick(Stall::Soft), s(1.0)),
+            vec![Action::RollCall(Trigger::Soft)]
+        );
+        assert!(
+            p.handle(tick(Stall::Soft), s(1.2)).is_empty(),
+            "one roll call at a time"
+        );
+        let done = Input::RollCallDone {
+            trigger: Trigger::Soft,
+            conclusive: false,
+        };
+        assert!(p.handle(done, s(2.0)).is_empty());
+        assert!(
+            p.handle(tick(Stall::Soft), s(2.2)).is_empty(),
+            "not again at the same tier"
+        );
+        assert_eq!(
+            p.handle(tick(Stall::Hard), s(5.0)),
+            vec![Action::RollCall(Trigger::Hard)]
+        );
+        let actions = p.handle(
+            Input::RollCallDone {
+                trigger: Trigger::Hard,
+                conclusive: false,
+            },
+            s(6.0),
+        );
+        assert_eq!(actions.last(), Some(&Action::Terminate { kill_now: false }));
+        assert!(p.handle(tick(Stall::Hard), s(6.2)).is_empty());
+        assert_eq!(
+            p.handle(Input::Terminated, s(20.0)),
+            vec![Action::Finish(Ending::Hung)]
+        );
+    }
+
+    #[test]
+    fn conclusive_evidence_acts_at_the_soft_tier() {
+        let mut p = policy(OnHang::Abort);
+        p.handle(tick(Stall::Soft), s(1.0));
+        let actions = p.handle(
+            Input::RollCallDone {
+                trigger: Trigger::Soft,
+                conclusive: true,
+            },
+            s(2.0),
+        );
+        assert!(actions.contains(&Action::Terminate { kill_now: false }));
+    }
+
+    #[test]
+    fn hard_tier_reached_during_the_soft_roll_call_acts_on_its_result() {
+        let mut p = policy(OnHang::Abort);
+        p.handle(tick(Stall::Soft), s(1.0));
+        assert!(p.handle(tick(Stall::Hard), s(2.0)).is_empty());
+        let actions = p.handle(
+            Input::RollCallDone {
+                trigger: Trigger::Soft,
+                conclusive: false,
+            },
+            s(3.0),
+        );
+        assert!(actions.contains(&Action::Terminate { kill_now: false }));
+    }
+
+    #[test]
+    fn observe_never_terminates() {
+        let mut p = policy(OnHang::Observe);
+        p.handle(tick(Stall::Hard), s(1.0));
+        assert!(p
+            .handle(
+                Input::RollCallDone {
+                    trigger: Trigger::Hard,
+                    conclusive: true
+                },
+                s(2.0)
+            )
+            .is_empty());
+        assert!(p.handle(tick(Stall::Hard), s(3.0)).is_empty());
+    }
+
+    #[test]
+    fn progress_resumed_rearms_both_tiers() {
+        let mut p = policy(OnHang::Observe);
+        p.handle(tick(Stall::Soft), s(1.0));
+        p.handle(
+            Input::RollCallDone {
+                trigger: Trigger::Soft,
+                conclusive: false,
+            },
+            s(1.5),
+        );
+        assert_eq!(
+            p.handle(tick(Stall::Healthy), s(2.0)),
+            vec![Action::Say(Notice::ProgressResumed)]
+        );
+        assert_eq!(
+            p.handle(tick(Stall::Soft), s(3.0)),
+            vec![Action::RollCall(Trigger::Soft)]
+        );
+    }
+
+    #[test]
+    fn a_failed_rank_waits_for_its_grace_then_acts() {
+        let mut p = policy(OnHang::Abort);
+        let failed = |for_s: f64| Input::Tick {
+            stall: Stall::Healthy,
+            failed_rank_for: Some(s(for_s)),
+            job_alive: true,
+        };
+        assert!(p.handle(failed(10.0), s(10.0)).is_empty());
+        assert_eq!(
+            p.handle(failed(30.0), s(30.0)),
+            vec![Action::RollCall(Trigger::RankFailed)]
+        );
+        let actions = p.handle(
+            Input::RollCallDone {
+                trigger: Trigger::RankFailed,
+                conclusive: false,
+            },
+            s(31.0),
+        );
+        assert!(actions.contains(&Action::Terminate { kill_now: false }));
+    }
+
+    #[test]
+    fn a_signal_to_a_healthy_job_goes_on_at_once_then_kills_after_grace() {
+        let mut p = policy(OnHang::Abort);
+        assert_eq!(
+            p.handle(
+                Input::Signal {
+                    signal: 15,
+                    stuck: false
+                },
+                s(1.0)
+            ),
+            vec![
+                Action::Say(Notice::ForwardingSignal { signal: 15 }),
+                Action::Forward(15)
+            ]
+        );
+        assert!(
+            p.handle(tick(Stall::Hard), s(5.0)).is_empty(),
+            "no roll call while ending"
+        );
+        assert_eq!(
+            p.handle(tick(Stall::Healthy), s(11.0)),
+            vec![
+                Action::Say(Notice::GraceOver { signal: 15 }),
+                Action::Terminate { kill_now: true }
+            ]
+        );
+        assert_eq!(
+            p.handle(Input::Terminated, s(14.0)),
+            vec![Action::Finish(Ending::Interrupted(15))]
+        );
+    }
+
+    #[test]
+    fn a_signalled_job_that_ends_by_itself_finishes_as_interrupted() {
+        let mut p = policy(OnHang::Abort);
+        p.handle(
+            Input::Signal {
+                signal: 2,
+                stuck: false,
+            },
+            s(1.0),
+        );
+        assert_eq!(
+            p.handle(GONE, s(2.0)),
+            vec![Action::Finish(Ending::Interrupted(2))]
+        );
+    }
+
+    #[test]
+    fn a_stuck_job_is_inspected_before_the_signal_goes_on() {
+        let mut p = policy(OnHang::Abort);
+        let actions = p.handle(
+            Input::Signal {
+                signal: 15,
+                stuck: true,
+            },
+            s(1.0),
+        );
+        assert_eq!(
+            actions,
+            vec![
+                Action::Say(Notice::InspectingBeforeSignal { signal: 15 }),
+                Action::RollCall(Trigger::Signal(15))
+            ]
+        );
+        assert_eq!(p.interrupted_by(), Some(15));
+        let actions = p.handle(
+            Input::RollCallDone {
+                trigger: Trigger::Signal(15),
+                conclusive: true,
+            },
+            s(2.5),
+        );
+        assert_eq!(actions.last(), Some(&Action::Forward(15)));
+    }
+
+    #[test]
+    fn the_inspection_before_a_signal_is_bounded() {
+        let mut p = policy(OnHang::Abort);
+        p.handle(
+            Input::Signal {
+                signal: 15,
+                stuck: true,
+            },
+            s(1.0),
+        );
+        assert!(p.handle(tick(Stall::Hard), s(4.0)).is_empty());
+        assert_eq!(
+            p.handle(tick(Stall::Hard), s(5.0)).last(),
+            Some(&Action::Forward(15))
+        );
+        assert!(
+            p.handle(
+                Input::RollCallDone {
+                    trigger: Trigger::Signal(15),
+                    conclusive: true
+                },
+                s(6.0)
+            )
+            .is_empty(),
+            "a late roll call changes nothing"
+        );
+        assert_eq!(
+            p.handle(tick(Stall::Hard), s(15.0)).last(),
+            Some(&Action::Terminate { kill_now: true })
+        );
+    }
+
+    #[test]
+    fn a_second_signal_kills_at_once() {
+        let mut p = policy(OnHang::Abort);
+        p.handle(
+            Input::Signal {
+                signal: 2,
+                stuck: false,
+            },
+            s(1.0),
+        );
+        assert_eq!(
+            p.handle(
+                Input::Signal {
+                    signal: 2,
+                    stuck: false
+                },
+                s(1.5)
+            ),
+            vec![
+                Action::Say(Notice::SecondSignal),
+                Action::Terminate { kill_now: true }
+            ]
+        );
+        assert!(p
+            .handle(
+                Input::Signal {
+                    signal: 2,
+                    stuck: false
+                },
+                s(1.6)
+            )
+            .is_empty());
+        assert_eq!(
+            p.handle(Input::Terminated, s(4.0)),
+            vec![Action::Finish(Ending::Interrupted(2))]
+        );
+    }
+
+    #[test]
+    fn a_second_signal_during_a_hang_termination_kills_and_keeps_the_hang() {
+        let mut p = policy(OnHang::Abort);
+        p.handle(tick(Stall::Hard), s(1.0));
+        p.handle(
+            Input::RollCallDone {
+                trigger: Trigger::Hard,
+                conclusive: true,
+            },
+            s(2.0),
+        );
+        assert!(p
+            .handle(
+                Input::Signal {
+                    signal: 15,
+                    stuck: true
+                },
+                s(3.0)
+            )
+            .is_empty());
+        assert_eq!(
+            p.handle(
+                Input::Signal {
+                    signal: 15,
+                    stuck: true
+                },
+                s(3.5)
+            )
+            .last(),
+            Some(&Action::Terminate { kill_now: true })
+        );
+        assert_eq!(
+            p.handle(Input::Terminated, s(7.0)),
+            vec![Action::Finish(Ending::Hung)]
+        );
+    }
+
+    #[test]
+    fn a_job_that_ends_during_a_roll_call_waits_briefly_for_the_evidence() {
+        let mut p = policy(OnHang::Abort);
+        p.handle(tick(Stall::Soft), s(1.0));
+        assert!(p.handle(GONE, s(1.5)).is_empty(), "evidence being written");
+        assert_eq!(
+            p.handle(
+                Input::RollCallDone {
+                    trigger: Trigger::Soft,
+                    conclusive: true
+                },
+                s(2.0)
+            ),
+            vec![Action::Finish(Ending::ByItself)]
+        );
+        let mut q = policy(OnHang::Abort);
+        q.handle(tick(Stall::Soft), s(1.0));
+        assert!(q.handle(GONE, s(1.5)).is_empty());
+        assert_eq!(
+            q.handle(GONE, s(1.5) + EVIDENCE_WAIT),
+            vec![Action::Finish(Ending::ByItself)],
+            "never waits long for a roll call"
+        );
+    }
+}
