@@ -243,7 +243,13 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
     })?;
     let (tx, rx) = channel::<Event>();
     let signals = install_signals(tx.clone()).map_err(RunError::Signals)?;
-    let socket_path = config.report_dir.join("hb.sock");
+    // The socket lives in a private node-local directory, never in the report directory: a report directory on a
+    // filesystem that froze would block its bind, and its unlink at exit (in D, hangwatch could not exit).
+    let runtime = runtime_dir().map_err(|source| RunError::Socket {
+        path: std::env::temp_dir(),
+        source,
+    })?;
+    let socket_path = runtime.path().join("hb.sock");
     let socket = crate::heartbeat::start(&socket_path, tx.clone(), config.sink.clone()).map_err(
         |source| RunError::Socket {
             path: socket_path.clone(),
@@ -361,6 +367,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
     }
     signals.close();
     drop(socket);
+    drop(runtime);
     if let Some(console) = &sup.console {
         if console.dropped() > 0 {
             tracing::warn!(
@@ -370,6 +377,18 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         }
     }
     Ok(outcome)
+}
+
+/// A fresh private (0700) directory for the heartbeat socket: under `$XDG_RUNTIME_DIR` (a per-user tmpfs) when
+/// there is one, else the system's temporary directory. Removed when dropped.
+fn runtime_dir() -> std::io::Result<tempfile::TempDir> {
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    tempfile::Builder::new()
+        .prefix("hangwatch-")
+        .tempdir_in(base)
 }
 
 /// How long a signal may be held back while a stuck job's evidence is taken: the roll call's own deadlines

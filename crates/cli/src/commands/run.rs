@@ -24,14 +24,17 @@ pub enum Action {
 
 /// Run CMD as the job and watch it.
 #[derive(Debug, clap::Args)]
-#[command(after_help = "\
+#[command(
+    args_override_self = true,
+    after_help = "\
 Examples:
   hangwatch run --nproc 8 -- python train.py        8 local ranks with torchrun's RANK/LOCAL_RANK/WORLD_SIZE/...
   hangwatch run -- torchrun --nproc-per-node 8 train.py   the launcher's Python descendants with RANK are the ranks
   hangwatch run --stall-after 5m --action observe -- python train.py
 
 Exit code: the job's own when it ends by itself (128+N when killed by signal N); 75 when hangwatch ended a hung
-job (retryable); 2 for usage errors; 1 for hangwatch's own failures.")]
+job (retryable); 2 for usage errors; 1 for hangwatch's own failures."
+)]
 pub struct Args {
     /// Start N local ranks with torchrun-style environment. Without it, CMD is one process tree.
     #[arg(long)]
