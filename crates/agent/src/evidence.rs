@@ -16,6 +16,7 @@
 use std::path::{Path, PathBuf};
 
 use hangwatch_model::{ProbeResult, ProcessObservation, Verdict};
+use hangwatch_safefs::{PrivateDir, SafeFsError};
 use serde::Serialize;
 
 /// Everything that goes into one bundle.
@@ -30,16 +31,43 @@ pub struct Evidence<'a> {
     pub run: &'a serde_json::Value,
 }
 
-/// Writes the bundle into `dir` (created if needed). Returns the files written; errors name the file.
-pub fn write_bundle(dir: &Path, evidence: &Evidence) -> std::io::Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir.join("output"))?;
+/// Why the bundle (or one of its files) could not be written. Every file is created through
+/// [`hangwatch_safefs`]: mode 0600, never through a symlink planted in the report directory.
+#[derive(Debug, thiserror::Error)]
+pub enum EvidenceError {
+    #[error("cannot write the evidence in {dir}")]
+    Write {
+        dir: PathBuf,
+        #[source]
+        source: SafeFsError,
+    },
+}
+
+/// The files of a bundle, for a report directory that must not hold planted links in their place.
+pub const BUNDLE_FILES: &[&str] = &[
+    "verdict.json",
+    "verdict.txt",
+    "ranks.json",
+    "probes.json",
+    "thresholds.json",
+    "run.json",
+    "kernel-log.txt",
+    "kernel-report.json",
+    "output",
+];
+
+/// Writes the bundle into `dir` (created private if needed; files replaced in place when it is written again at a
+/// later tier). Returns the files written; errors name the file.
+pub fn write_bundle(dir: &Path, evidence: &Evidence) -> Result<Vec<PathBuf>, EvidenceError> {
+    let wrap = |source| EvidenceError::Write {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let private = PrivateDir::open_or_create(dir).map_err(wrap)?;
+    let output = private.subdir("output").map_err(wrap)?;
     let mut written = Vec::new();
-    let mut put = |name: &str, bytes: &[u8]| -> std::io::Result<()> {
-        let path = dir.join(name);
-        std::fs::write(&path, bytes).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot write {}: {e}", path.display()))
-        })?;
-        written.push(path);
+    let mut put = |name: &str, bytes: &[u8]| -> Result<(), EvidenceError> {
+        written.push(private.write(name, bytes).map_err(wrap)?);
         Ok(())
     };
     put("verdict.json", &json(evidence.verdict))?;
@@ -61,9 +89,44 @@ pub fn write_bundle(dir: &Path, evidence: &Evidence) -> std::io::Result<Vec<Path
     for (who, lines) in evidence.tails {
         let mut text = lines.join("\n");
         text.push('\n');
-        put(&format!("output/{who}.txt"), text.as_bytes())?;
+        written.push(
+            output
+                .write(&format!("{who}.txt"), text.as_bytes())
+                .map_err(wrap)?,
+        );
     }
     Ok(written)
+}
+
+/// Rewrites `verdict.json` and `verdict.txt` with the final verdict (the actions taken added).
+pub fn write_verdict(dir: &Path, verdict: &Verdict) -> Result<(), EvidenceError> {
+    let wrap = |source| EvidenceError::Write {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let private = PrivateDir::open_or_create(dir).map_err(wrap)?;
+    private
+        .write("verdict.json", &json(verdict))
+        .map_err(wrap)?;
+    private
+        .write(
+            "verdict.txt",
+            crate::render::verdict_text(verdict).as_bytes(),
+        )
+        .map_err(wrap)?;
+    Ok(())
+}
+
+/// An error and its causes on one line, for a log message.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 fn json<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {

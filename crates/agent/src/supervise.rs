@@ -750,7 +750,10 @@ impl Supervisor {
                 );
                 self.bundle = Some(self.config.report_dir.clone());
             }
-            Err(e) => tracing::error!(error = %e, "could not write the evidence bundle"),
+            Err(e) => tracing::error!(
+                error = %crate::evidence::error_chain(&e),
+                "could not write the evidence bundle"
+            ),
         }
     }
 
@@ -822,14 +825,9 @@ impl Supervisor {
                 eprintln!("hangwatch: pid {pid} is still in state {state} after SIGKILL: not waiting for it; drain or reboot {node}");
             }
         }
-        let _ = std::fs::write(
-            self.config.report_dir.join("verdict.json"),
-            serde_json::to_vec_pretty(&verdict).unwrap_or_default(),
-        );
-        let _ = std::fs::write(
-            self.config.report_dir.join("verdict.txt"),
-            crate::render::verdict_text(&verdict),
-        );
+        if let Err(e) = crate::evidence::write_verdict(&self.config.report_dir, &verdict) {
+            tracing::error!(error = %crate::evidence::error_chain(&e), "could not write the final verdict");
+        }
         self.last_verdict = Some(verdict.clone());
         RunOutcome {
             exit_code: EXIT_HUNG,
