@@ -40,10 +40,12 @@ impl SharedBinary {
             .prefix("hangwatch-bin-")
             .tempdir()
             .expect("temporary directory");
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("test setup");
         let path = dir.path().join("hangwatch");
         std::fs::copy(env!("CARGO_BIN_EXE_hangwatch"), &path).expect("copy the binary");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+            .expect("test setup");
         SharedBinary { _dir: dir, path }
     }
 
@@ -167,7 +169,11 @@ fn check_default_report_dir(ended: &Ended, uid: u32) -> PathBuf {
     let dir = PathBuf::from(json["report_dir"].as_str().expect("report_dir in the JSON"));
     let root = PathBuf::from(format!("/var/tmp/hangwatch-{uid}"));
     assert_eq!(dir.parent(), Some(root.as_path()), "{}", ended.describe());
-    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let name = dir
+        .file_name()
+        .expect("test setup")
+        .to_string_lossy()
+        .into_owned();
     assert!(name.starts_with("run-"), "{name}");
     assert_eq!(mode_and_owner(&root), (0o700, uid), "{}", root.display());
     assert_eq!(mode_and_owner(&dir), (0o700, uid), "{}", dir.display());
@@ -323,27 +329,33 @@ impl PerUserRoot {
     fn new(uid: u32) -> PerUserRoot {
         let path = PathBuf::from(format!("/var/tmp/hangwatch-{uid}"));
         let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir(&path).unwrap();
-        std::os::unix::fs::chown(&path, Some(uid), Some(uid)).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::create_dir(&path).expect("test setup");
+        std::os::unix::fs::chown(&path, Some(uid), Some(uid)).expect("test setup");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))
+            .expect("test setup");
         PerUserRoot { path }
     }
 
     /// A directory `name` with a file in it, owned by `uid`.
     fn add_dir(&self, name: &str, uid: u32) -> PathBuf {
         let dir = self.path.join(name);
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::write(dir.join("verdict.json"), "{}\n").unwrap();
+        std::fs::create_dir(&dir).expect("test setup");
+        std::fs::write(dir.join("verdict.json"), "{}\n").expect("test setup");
         for p in [dir.join("verdict.json"), dir.clone()] {
-            std::os::unix::fs::chown(&p, Some(uid), Some(uid)).unwrap();
+            std::os::unix::fs::chown(&p, Some(uid), Some(uid)).expect("test setup");
         }
         dir
     }
 
     fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(&self.path)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .expect("read the root")
+            .map(|e| {
+                e.expect("test setup")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect();
         names.sort();
         names
@@ -467,7 +479,10 @@ fn zero_thresholds_and_timeouts_are_usage_errors() {
 /// Marks every fd of this test process above 2 close-on-exec, so that whatever reaches the ranks was opened by
 /// hangwatch itself, not inherited from the test harness.
 fn stop_inheriting_our_fds() {
-    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+    for entry in std::fs::read_dir("/proc/self/fd")
+        .expect("test setup")
+        .flatten()
+    {
         let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
