@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use hangwatch_diagnosis::{DetectorConfig, ProgressSource, Threshold};
 use hangwatch_model::{ProbeResult, ProcessObservation, Verdict};
+use hangwatch_safefs::{PrivateDir, SafeFsError};
 use serde::Serialize;
 
 /// Everything that goes into one bundle.
@@ -32,6 +33,19 @@ pub struct Evidence<'a> {
     pub tails: &'a [(String, Vec<String>)],
     pub run: &'a RunRecord,
 }
+
+/// The files of a bundle, for a report directory that must not hold planted links in their place.
+pub const BUNDLE_FILES: &[&str] = &[
+    "verdict.json",
+    "verdict.txt",
+    "ranks.json",
+    "probes.json",
+    "thresholds.json",
+    "run.json",
+    "kernel-log.txt",
+    "kernel-report.json",
+    "output",
+];
 
 /// `thresholds.json`: the stall threshold in force when the roll call was taken, and how it was learned.
 #[derive(Debug, Clone, Serialize)]
@@ -175,21 +189,30 @@ pub fn verdict_files(verdict: &Verdict) -> Vec<EvidenceFile> {
 
 /// Writes the bundle into `dir` (created if needed), in this process. Returns the files written; errors name the
 /// file. Only for a process that may block: the agent calls [`write_abandonable`].
-pub fn write_bundle(dir: &Path, evidence: &Evidence) -> std::io::Result<Vec<PathBuf>> {
+pub fn write_bundle(dir: &Path, evidence: &Evidence) -> Result<Vec<PathBuf>, SafeFsError> {
     write_files(dir, &evidence.files())
 }
 
-/// Writes `files` into `dir`, in this process (the `__write-evidence` child's work).
-pub fn write_files(dir: &Path, files: &[EvidenceFile]) -> std::io::Result<Vec<PathBuf>> {
+/// Writes `files` into `dir`, in this process (the `__write-evidence` child's work). Every file is created
+/// through [`hangwatch_safefs`]: mode 0600, never through a symlink planted in the report directory; files written
+/// at an earlier tier are replaced in place.
+pub fn write_files(dir: &Path, files: &[EvidenceFile]) -> Result<Vec<PathBuf>, SafeFsError> {
+    let private = PrivateDir::open_or_create(dir)?;
+    let mut output: Option<PrivateDir> = None;
     let mut written = Vec::new();
     for file in files {
-        let path = dir.join(&file.name);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&path, file.text.as_bytes()).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot write {}: {e}", path.display()))
-        })?;
+        let path = match file.name.strip_prefix("output/") {
+            Some(name) => {
+                if output.is_none() {
+                    output = Some(private.subdir("output")?);
+                }
+                match &output {
+                    Some(out) => out.write(name, file.text.as_bytes())?,
+                    None => continue,
+                }
+            }
+            None => private.write(&file.name, file.text.as_bytes())?,
+        };
         written.push(path);
     }
     Ok(written)
@@ -258,8 +281,20 @@ pub fn write_abandonable(
 pub fn writer_child_main(dir: &Path, input: impl std::io::Read) -> Result<usize, String> {
     let files: Vec<EvidenceFile> =
         serde_json::from_reader(input).map_err(|e| format!("bad evidence on stdin: {e}"))?;
-    let written = write_files(dir, &files).map_err(|e| e.to_string())?;
+    let written = write_files(dir, &files).map_err(|e| error_chain(&e))?;
     Ok(written.len())
+}
+
+/// An error and its causes on one line, for a log message.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 fn json<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {

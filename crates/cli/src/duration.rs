@@ -29,6 +29,18 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
+/// [`parse_duration`] for thresholds and timeouts, where zero would make no sense (a stall threshold of zero calls
+/// every moment a stall; a timeout of zero gives up before starting): zero is a usage error.
+pub fn parse_nonzero_duration(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d.is_zero() {
+        return Err(format!(
+            "`{text}` is zero, which would fire at once: give a duration above zero, like 500ms, 30s or 2m"
+        ));
+    }
+    Ok(d)
+}
+
 /// `1.5s`, `300ms`, `2m`: the shortest honest rendering, for messages.
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
@@ -68,6 +80,16 @@ mod tests {
             .unwrap_err()
             .contains("unknown unit `d`"));
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn zero_is_refused_where_it_makes_no_sense() {
+        for zero in ["0", "0s", "0ms", "0.0m"] {
+            let err = parse_nonzero_duration(zero).unwrap_err();
+            assert!(err.contains("above zero"), "{zero}: {err}");
+            assert_eq!(parse_duration(zero), Ok(Duration::ZERO));
+        }
+        assert_eq!(parse_nonzero_duration("1ms"), Ok(Duration::from_millis(1)));
     }
 
     #[test]

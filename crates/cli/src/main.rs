@@ -1,6 +1,7 @@
 //! The `hangwatch` binary: parses the command line and hands each subcommand to its module.
 
 mod commands;
+mod dirs;
 mod duration;
 mod exit;
 mod output;

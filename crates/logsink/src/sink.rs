@@ -97,8 +97,12 @@ pub struct LogSinkOptions {
     pub ready_timeout: Duration,
     /// After a writer died twice in a row without progress, how long to wait before starting another.
     pub retry_after: Duration,
-    /// Node-local file that receives the lines never written when `finish` gives up.
+    /// Node-local file that receives the lines never written when `finish` gives up. Created 0600, never
+    /// through a symlink.
     pub undelivered_path: PathBuf,
+    /// The destination is inside one of hangwatch's private directories (the default `output.log`): the writer
+    /// creates it 0600 and refuses a symlink there. `false` for a log file the user named, which may be a link.
+    pub private_dest: bool,
 }
 
 impl Default for LogSinkOptions {
@@ -116,6 +120,7 @@ impl Default for LogSinkOptions {
             stall_after: Duration::from_secs(2),
             ready_timeout: Duration::from_secs(2),
             retry_after: Duration::from_secs(10),
+            private_dest: false,
         }
     }
 }
@@ -285,12 +290,15 @@ impl LogSink {
     /// directory, permission denied) fails `open`. A destination that does not answer in time is not an error:
     /// lines are kept until it does.
     pub fn open(dest: &Path, options: LogSinkOptions) -> Result<LogSink, OpenError> {
-        let command = match options.writer.clone() {
+        let mut command = match options.writer.clone() {
             Some(c) => c,
             None => {
                 WriterCommand::current_exe().map_err(|source| OpenError::CurrentExe { source })?
             }
         };
+        if options.private_dest {
+            command.args.push("--private".into());
+        }
         let mut writer = Writer::spawn(&command, dest, 0).map_err(|source| OpenError::Spawn {
             program: command.program.clone(),
             source,
@@ -506,10 +514,12 @@ fn save_undelivered(ledger: &mut Ledger<FileSpill>, path: &Path, lines: u64) -> 
         saved_lines: 0,
         save_error: None,
     };
-    let file = match std::fs::File::create(path) {
+    // 0600 and never through a planted symlink: the lines are the job's output.
+    let file = match hangwatch_safefs::open_file_in_dir(path, hangwatch_safefs::WriteMode::Truncate)
+    {
         Ok(f) => f,
         Err(e) => {
-            undelivered.save_error = Some(e.to_string());
+            undelivered.save_error = Some(crate::writer::error_chain(&e));
             return undelivered;
         }
     };

@@ -34,6 +34,8 @@ impl FileSpill {
 
     fn file(&mut self) -> std::io::Result<&File> {
         if self.file.is_none() {
+            // Safe in any directory, even a shared one: an unnamed `O_TMPFILE` (mode 0600), or where the
+            // filesystem lacks it a random name created `O_EXCL` (never through a symlink) and unlinked at once.
             let file = tempfile::tempfile_in(&self.dir).map_err(|e| {
                 std::io::Error::new(
                     e.kind(),

@@ -154,16 +154,25 @@ pub fn copy_records<R: Read, D: Write, M: Write>(
 
 /// The whole child: opens `dest` for appending (creating it), says `ready`, copies stdin to it. Returns the
 /// process exit code; failures are also reported to the sink as `err MESSAGE`.
-pub fn writer_main(dest: &Path) -> u8 {
+///
+/// `private`: `dest` is in one of hangwatch's private directories; it is created 0600 and a symlink there is
+/// refused. A log file the user named is opened as they named it (it may be a link to where they want it).
+pub fn writer_main(dest: &Path, private: bool) -> u8 {
     let mut messages = Messages::new(std::io::stdout().lock());
-    let file = match std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(dest)
-    {
+    let opened = if private {
+        hangwatch_safefs::open_file_in_dir(dest, hangwatch_safefs::WriteMode::Append)
+            .map_err(|e| error_chain(&e))
+    } else {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(dest)
+            .map_err(|e| e.to_string())
+    };
+    let file = match opened {
         Ok(file) => file,
-        Err(e) => {
-            messages.send(&WriterMessage::Error(e.to_string()));
+        Err(message) => {
+            messages.send(&WriterMessage::Error(message));
             return 1;
         }
     };

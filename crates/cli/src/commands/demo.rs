@@ -16,7 +16,7 @@ use hangwatch_agent::supervise::{run as supervise, OnHang, RunConfig, EXIT_HUNG}
 use hangwatch_diagnosis::DetectorConfig;
 use hangwatch_model::VerdictKind;
 
-use crate::duration::parse_duration;
+use crate::duration::{parse_duration, parse_nonzero_duration};
 use crate::exit::usage;
 
 /// The rank stand-in the demo runs (the same script the system tests use).
@@ -28,12 +28,12 @@ pub struct Args {
     #[arg(long, default_value = "4")]
     nproc: u32,
     /// Stall threshold for the demo (a real job learns its own).
-    #[arg(long, default_value = "6s", value_parser = parse_duration)]
+    #[arg(long, default_value = "6s", value_parser = parse_nonzero_duration)]
     stall_after: Duration,
     /// Freeze the filesystem this long after the ranks start.
     #[arg(long, default_value = "4s", value_parser = parse_duration)]
     freeze_after: Duration,
-    /// Where the evidence goes [default: a new directory under /var/tmp/hangwatch].
+    /// Where the evidence goes [default: a new demo-<UTC time>-<pid> under the per-user report root].
     #[arg(long)]
     report_dir: Option<PathBuf>,
     /// Print the verdict as one JSON document on stdout.
@@ -66,9 +66,12 @@ fn tool(program: &str, args: &[&str]) -> anyhow::Result<()> {
 
 impl Stage {
     fn new() -> anyhow::Result<Stage> {
-        let dir = std::env::temp_dir().join(format!("hangwatch-demo-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
+        // A fresh, unpredictable directory (mkdtemp, 0700): a fixed name in /tmp could be planted by another user.
+        let dir = tempfile::Builder::new()
+            .prefix("hangwatch-demo-")
+            .tempdir()
+            .context("cannot create a temporary directory for the demo")?
+            .keep();
         let mut stage = Stage {
             mount: dir.join("shared"),
             dir,
@@ -160,9 +163,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             log.display()
         ),
     );
-    let report_dir = args.report_dir.clone().unwrap_or_else(|| {
-        PathBuf::from("/var/tmp/hangwatch").join(format!("demo-{}", std::process::id()))
-    });
+    let report = match &args.report_dir {
+        Some(dir) => hangwatch_safefs::PrivateDir::open_or_create(dir).map_err(|e| {
+            usage(format!(
+                "cannot use the report directory: {}",
+                crate::dirs::error_chain(&e)
+            ))
+        })?,
+        None => crate::dirs::create_run_dir("demo").map_err(usage)?.1,
+    };
+    let report_dir = report.path().to_path_buf();
     let freezer = {
         let mount = stage.mount.clone();
         let frozen = std::sync::Arc::clone(&stage.frozen);

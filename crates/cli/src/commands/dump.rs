@@ -10,7 +10,7 @@ use hangwatch_inspect::pystack::StackReadOptions;
 use hangwatch_inspect::rollcall::{hostname, is_python, take_roll_call, RollCallOptions};
 use hangwatch_proc::ProcFs;
 
-use crate::duration::{format_duration, parse_duration};
+use crate::duration::{format_duration, parse_nonzero_duration};
 use crate::exit::usage;
 
 /// Roll call of the rank processes: `--pid` names them, `--tree` finds them below a launcher.
@@ -32,13 +32,13 @@ pub struct Args {
     #[arg(long)]
     json: bool,
     /// Time between the two samples of /proc; a thread with no context switch in it "is not running".
-    #[arg(long, default_value = "300ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "300ms", value_parser = parse_nonzero_duration)]
     window: Duration,
     /// Give up on a rank's Python stack after this long (its memory may be locked by a stuck thread).
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_nonzero_duration)]
     stack_timeout: Duration,
     /// Give up on a filesystem probe after this long.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_nonzero_duration)]
     probe_timeout: Duration,
     /// Do not read Python stacks.
     #[arg(long)]

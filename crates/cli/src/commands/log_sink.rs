@@ -5,7 +5,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use hangwatch_agent::output::LineSink;
 use hangwatch_logsink::{LinePusher, LogSink, LogSinkOptions, OpenError, WriterCommand};
 
@@ -22,25 +21,25 @@ impl LineSink for Pusher {
     }
 }
 
-/// Opens `dest` for the job's output; spill files and undelivered lines go under `report_dir` (node-local).
-pub fn open(dest: &Path, report_dir: &Path) -> anyhow::Result<LogHandle> {
-    std::fs::create_dir_all(report_dir).with_context(|| {
-        format!(
-            "cannot create the report directory {}",
-            report_dir.display()
-        )
-    })?;
+/// Opens `dest` for the job's output; spill files and undelivered lines go under `report_dir` (node-local, made
+/// private by `run`). `private`: `dest` is hangwatch's own `output.log` in the report directory (created 0600, a
+/// symlink there refused), not a `--log-file` the user named.
+pub fn open(dest: &Path, report_dir: &Path, private: bool) -> anyhow::Result<LogHandle> {
     let options = LogSinkOptions {
         spill_dir: report_dir.to_path_buf(),
         undelivered_path: report_dir.join("log-undelivered.txt"),
         writer: writer_command(),
+        private_dest: private,
         ..LogSinkOptions::default()
+    };
+    let hint = if private {
+        "(the report directory must be yours and hold no symlink named output.log)"
+    } else {
+        "(check --log-file: its directory must exist and be writable)"
     };
     match LogSink::open(dest, options) {
         Ok(sink) => Ok(LogHandle { sink }),
-        Err(e @ OpenError::Destination { .. }) => Err(crate::exit::usage(format!(
-            "{e} (check --log-file: its directory must exist and be writable)"
-        ))),
+        Err(e @ OpenError::Destination { .. }) => Err(crate::exit::usage(format!("{e} {hint}"))),
         Err(e) => Err(anyhow::Error::new(e)),
     }
 }

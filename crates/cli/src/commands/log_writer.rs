@@ -13,10 +13,14 @@ pub struct Args {
     /// The log file to append to (created if missing).
     #[arg(long)]
     dest: PathBuf,
+    /// DEST is in hangwatch's private report directory: create it 0600 and refuse a symlink there.
+    #[arg(long)]
+    private: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(hangwatch_logsink::writer::writer_main(
         &args.dest,
+        args.private,
     )))
 }

@@ -54,7 +54,9 @@ pub fn protect(report_dir: &Path) -> Option<OwnOutput> {
                 continue;
             }
         };
-        let Ok((read_end, write_end)) = nix::unistd::pipe() else {
+        // Close-on-exec: the ranks and every other child must not inherit the read end (dup2 clears the flag
+        // on fd 1/2, which children are meant to share).
+        let Ok((read_end, write_end)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) else {
             continue;
         };
         if nix::unistd::dup2(write_end.as_raw_fd(), fd).is_err() {

@@ -11,7 +11,7 @@ use hangwatch_inspect::probe::{
 use hangwatch_model::ProbeResult;
 use serde::Serialize;
 
-use crate::duration::parse_duration;
+use crate::duration::parse_nonzero_duration;
 use crate::exit::usage;
 
 /// Exit code when a filesystem does not respond (or its state cannot be determined).
@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(required = true, value_name = "PATH")]
     paths: Vec<PathBuf>,
     /// Give up on a probe after this long (`500ms`, `2s`, `1m`).
-    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DUR")]
+    #[arg(long, default_value = "2s", value_parser = parse_nonzero_duration, value_name = "DUR")]
     timeout: Duration,
     /// Skip the write step (judge on stat and statfs only: a frozen filesystem may then look healthy).
     #[arg(long)]
@@ -183,11 +183,11 @@ mod tests {
     fn timeout_accepts_the_documented_forms() {
         for (text, ms) in [("500ms", 500), ("2s", 2000), ("1m", 60_000)] {
             assert_eq!(
-                parse_duration(text),
+                parse_nonzero_duration(text),
                 Ok(Duration::from_millis(ms)),
                 "{text}"
             );
         }
-        assert!(parse_duration("fast").is_err());
+        assert!(parse_nonzero_duration("fast").is_err());
     }
 }

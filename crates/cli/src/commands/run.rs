@@ -11,7 +11,7 @@ use hangwatch_agent::launch::{check_program, LaunchSpec};
 use hangwatch_agent::supervise::{run as supervise, OnHang, RunConfig};
 use hangwatch_diagnosis::DetectorConfig;
 
-use crate::duration::parse_duration;
+use crate::duration::{parse_duration, parse_nonzero_duration};
 use crate::exit::usage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -43,7 +43,7 @@ pub struct Args {
     #[arg(long)]
     coordinator: Option<String>,
     /// A fixed stall threshold (e.g. 30s, 5m). Default: learned from the job's step intervals.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_nonzero_duration)]
     stall_after: Option<Duration>,
     /// What to do about a hang.
     #[arg(long, value_enum, default_value = "abort")]
@@ -51,9 +51,13 @@ pub struct Args {
     /// Also write every line of the job's output here (written so that a frozen filesystem never blocks the job).
     #[arg(long)]
     log_file: Option<PathBuf>,
-    /// Evidence and the run's files go here; must be node-local [default: /var/tmp/hangwatch/run-<time>-<pid>].
+    /// Evidence and the run's files go here; must be node-local; made private (0700) [default: a new
+    /// run-<UTC time>-<pid> under /var/tmp/hangwatch-<uid>; see docs/run.md].
     #[arg(long)]
     report_dir: Option<PathBuf>,
+    /// Keep the newest N run directories under the default report root, removing older ones (0: keep all).
+    #[arg(long, default_value_t = crate::dirs::DEFAULT_KEEP_RUNS, value_name = "N")]
+    keep_runs: usize,
     /// POST the verdict JSON to this http:// URL on a hang.
     #[arg(long)]
     webhook: Option<String>,
@@ -63,14 +67,14 @@ pub struct Args {
     /// Print the verdict (or a run summary) as one JSON document on stdout; the job's output goes to stderr.
     #[arg(long)]
     json: bool,
-    /// Time between SIGTERM and SIGKILL when ending the job.
+    /// Time between SIGTERM and SIGKILL when ending the job (0: SIGKILL right after SIGTERM).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     grace: Duration,
     /// Learned thresholds never go below this.
-    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    #[arg(long, default_value = "2m", value_parser = parse_nonzero_duration)]
     min_stall: Duration,
     /// Learned thresholds never go above this (also the limit for a phase seen for the first time).
-    #[arg(long, default_value = "30m", value_parser = parse_duration)]
+    #[arg(long, default_value = "30m", value_parser = parse_nonzero_duration)]
     max_stall: Duration,
     /// Do not prefix output lines with `[rank N]`.
     #[arg(long)]
@@ -126,20 +130,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(url) = &args.webhook {
         parse_webhook(url).map_err(usage)?;
     }
-    let report_dir = args.report_dir.clone().unwrap_or_else(default_report_dir);
-    std::fs::create_dir_all(&report_dir).map_err(|e| {
-        usage(format!(
-            "cannot create the report directory {}: {e}",
-            report_dir.display()
-        ))
-    })?;
+    // Held open until the run ends: its lock keeps a concurrent run's pruning away from it.
+    let private_dir = open_report_dir(&args)?;
+    let report_dir = private_dir.path().to_path_buf();
     warn_if_shared(&report_dir);
 
     let sink = match &args.log_file {
-        Some(path) => Some(crate::commands::log_sink::open(path, &report_dir)?),
+        Some(path) => Some(crate::commands::log_sink::open(path, &report_dir, false)?),
         None => Some(crate::commands::log_sink::open(
             &report_dir.join("output.log"),
             &report_dir,
+            true,
         )?),
     };
 
@@ -208,6 +209,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         hangwatch_agent::human::flush(Duration::from_secs(3));
         own.finish(Duration::from_secs(3));
     }
+    drop(private_dir);
     Ok(ExitCode::from(
         u8::try_from(code.clamp(0, 255)).unwrap_or(1),
     ))
@@ -252,38 +254,48 @@ fn report(
     outcome.exit_code
 }
 
-fn default_report_dir() -> PathBuf {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    PathBuf::from("/var/tmp/hangwatch").join(format!(
-        "run-{}-{}",
-        utc_stamp(secs),
-        std::process::id()
-    ))
-}
+/// Files `run` writes into the report directory besides the evidence bundle.
+const RUN_FILES: &[&str] = &[
+    "output.log",
+    "log-undelivered.txt",
+    "hangwatch-stdout-undelivered.txt",
+    "hangwatch-stderr-undelivered.txt",
+    "hb.sock",
+];
 
-/// `20261129T214500Z` from seconds since the epoch.
-fn utc_stamp(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil-from-days (proleptic Gregorian), so no date library is needed for one file name.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+/// The report directory: `--report-dir` made private, or a new run directory under the per-user root (older ones
+/// pruned to `--keep-runs`). Refused (exit 2) when it is not ours, is a symlink, or holds a symlink where one of
+/// our files will go.
+fn open_report_dir(args: &Args) -> anyhow::Result<hangwatch_safefs::PrivateDir> {
+    use crate::dirs::error_chain;
+    let refused = |e: hangwatch_safefs::SafeFsError| {
+        usage(format!(
+            "cannot use the report directory: {}",
+            error_chain(&e)
+        ))
+    };
+    let report = match &args.report_dir {
+        Some(dir) => hangwatch_safefs::PrivateDir::open_or_create(dir).map_err(refused)?,
+        None => {
+            let (root, run) = crate::dirs::create_run_dir("run").map_err(usage)?;
+            let current = run
+                .path()
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            run.lock_in_use().map_err(refused)?;
+            crate::dirs::prune_runs(&root, &current, args.keep_runs);
+            run
+        }
+    };
+    report.lock_in_use().map_err(refused)?;
+    let names: Vec<&str> = hangwatch_agent::evidence::BUNDLE_FILES
+        .iter()
+        .chain(RUN_FILES)
+        .copied()
+        .collect();
+    crate::dirs::refuse_planted(&report, &names).map_err(refused)?;
+    Ok(report)
 }
 
 /// Evidence must be node-local (SPEC promise 4): say so when the report directory is on a network filesystem.
@@ -303,17 +315,5 @@ fn warn_if_shared(dir: &std::path::Path) {
                 mount.fstype
             ));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn utc_stamp_is_a_calendar_date() {
-        assert_eq!(utc_stamp(0), "19700101T000000Z");
-        assert_eq!(utc_stamp(1_795_988_366), "20261129T213926Z");
-        assert_eq!(utc_stamp(951_782_400), "20000229T000000Z");
     }
 }

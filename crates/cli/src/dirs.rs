@@ -1,0 +1,424 @@
+//! Which directories hangwatch uses on a node: the per-user report root and its `run-<UTC time>-<pid>`
+//! directories (pruned to the newest N), and the state directory. The choices are pure functions of the
+//! environment (passed in through [`Env`]) and of a node-local test, unit-tested below; the directories
+//! themselves are opened through [`hangwatch_safefs`] (0700, ours, never a symlink).
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use hangwatch_safefs::{FoundKind, PrivateDir, SafeFsError};
+
+/// Run directories kept under the per-user root by default (`--keep-runs`).
+pub const DEFAULT_KEEP_RUNS: usize = 20;
+
+/// The environment, read through a trait so that tests pass a map.
+pub trait Env {
+    fn var(&self, name: &str) -> Option<OsString>;
+}
+
+/// The real process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn var(&self, name: &str) -> Option<OsString> {
+        std::env::var_os(name)
+    }
+}
+
+impl Env for std::collections::HashMap<&str, &str> {
+    fn var(&self, name: &str) -> Option<OsString> {
+        self.get(name).map(OsString::from)
+    }
+}
+
+/// An absolute directory from `name`, when it is set, absolute and node-local.
+fn env_dir(env: &dyn Env, name: &str, node_local: &dyn Fn(&Path) -> bool) -> Option<PathBuf> {
+    let value = PathBuf::from(env.var(name)?);
+    (value.is_absolute() && node_local(&value)).then_some(value)
+}
+
+/// Where the per-user report root may be, best first; the caller takes the first one it can open as a private
+/// directory (another user may have squatted `/var/tmp/hangwatch-<uid>`).
+///
+/// `/var/tmp/hangwatch-<uid>` comes first when `/var/tmp` is node-local: it survives the job and a logout, so
+/// the evidence is still there when someone looks. `$SLURM_TMPDIR` (usually removed when the job ends) and
+/// `$XDG_RUNTIME_DIR` (memory, removed at logout) are per-user and cannot be squatted, so they are the fallbacks,
+/// when set and node-local. `/var/tmp/hangwatch-<uid>` comes last again when `/var/tmp` is not node-local (a
+/// diskless node) and nothing else is: `run` then warns that the evidence is on a shared filesystem.
+pub fn report_root_candidates(
+    env: &dyn Env,
+    uid: u32,
+    node_local: &dyn Fn(&Path) -> bool,
+) -> Vec<PathBuf> {
+    let var_tmp = PathBuf::from(format!("/var/tmp/hangwatch-{uid}"));
+    let var_tmp_local = node_local(Path::new("/var/tmp"));
+    let mut out = Vec::new();
+    if var_tmp_local {
+        out.push(var_tmp.clone());
+    }
+    for name in ["SLURM_TMPDIR", "XDG_RUNTIME_DIR"] {
+        if let Some(dir) = env_dir(env, name, node_local) {
+            out.push(dir.join("hangwatch"));
+        }
+    }
+    if !var_tmp_local {
+        out.push(var_tmp);
+    }
+    out
+}
+
+/// The state directory, for what outlives a run on this node (the verdict history): `$XDG_STATE_HOME/hangwatch`
+/// when that is set and node-local, else `/var/tmp/hangwatch-<uid>/state`. Not `~/.local/state`: home
+/// directories on clusters are usually on a shared filesystem, and this state belongs to the node.
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "chosen now, opened by `history` once it exists")
+)]
+pub fn state_dir(env: &dyn Env, uid: u32, node_local: &dyn Fn(&Path) -> bool) -> PathBuf {
+    match env_dir(env, "XDG_STATE_HOME", node_local) {
+        Some(dir) => dir.join("hangwatch"),
+        None => PathBuf::from(format!("/var/tmp/hangwatch-{uid}/state")),
+    }
+}
+
+/// `run-20261129T214500Z-4242`: `kind`, the UTC time and the pid.
+pub fn run_dir_name(kind: &str, unix_secs: u64, pid: u32) -> String {
+    format!("{kind}-{}-{pid}", utc_stamp(unix_secs))
+}
+
+/// The (time stamp, pid) of a run directory's name; `None` for anything else.
+fn parse_run_name(name: &str) -> Option<(&str, u32)> {
+    let rest = name.strip_prefix("run-")?;
+    let (stamp, pid) = rest.split_once('-')?;
+    let b = stamp.as_bytes();
+    let is_stamp = b.len() == 16
+        && b[..8].iter().all(u8::is_ascii_digit)
+        && b[8] == b'T'
+        && b[9..15].iter().all(u8::is_ascii_digit)
+        && b[15] == b'Z';
+    if !is_stamp || pid.is_empty() || !pid.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    Some((stamp, pid.parse().ok()?))
+}
+
+/// The run directories to remove so that `keep` remain (the current one counted): the oldest first-named by time
+/// stamp, then pid. Never the current one, nor anything that is not a directory named like a run directory.
+/// `keep == 0` keeps everything.
+pub fn runs_to_prune(entries: &[(String, FoundKind)], current: &str, keep: usize) -> Vec<String> {
+    if keep == 0 {
+        return Vec::new();
+    }
+    let mut runs: Vec<(&str, u32, &str)> = entries
+        .iter()
+        .filter(|(name, kind)| *kind == FoundKind::Directory && name != current)
+        .filter_map(|(name, _)| {
+            let (stamp, pid) = parse_run_name(name)?;
+            Some((stamp, pid, name.as_str()))
+        })
+        .collect();
+    runs.sort_unstable_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+    let others_kept = keep.saturating_sub(usize::from(parse_run_name(current).is_some()));
+    runs.into_iter()
+        .skip(others_kept)
+        .map(|(_, _, name)| name.to_owned())
+        .collect()
+}
+
+/// Whether `path` (or its deepest existing ancestor) is on a node-local filesystem, from the mount table (which
+/// never blocks on a frozen mount, unlike a `statfs`). Unknown counts as local.
+pub fn node_local(path: &Path) -> bool {
+    let Ok(table) = hangwatch_proc::ProcFs::new("/proc").mountinfo(std::process::id() as i32)
+    else {
+        return true;
+    };
+    let probe = path.ancestors().find(|a| a.exists()).unwrap_or(path);
+    table
+        .containing(&probe.to_string_lossy())
+        .is_none_or(|m| !m.is_remote())
+}
+
+/// The per-user report root (the first candidate that opens as a private directory) and a new directory
+/// `<kind>-<UTC time>-<pid>` in it. Errors list every candidate tried and why it was refused.
+pub fn create_run_dir(kind: &str) -> Result<(PrivateDir, PrivateDir), String> {
+    let candidates = report_root_candidates(&ProcessEnv, hangwatch_safefs::euid(), &node_local);
+    let mut refused = Vec::new();
+    for root_path in candidates {
+        let opened = PrivateDir::open_or_create(&root_path).and_then(|root| {
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let run = root.subdir(&run_dir_name(kind, secs, std::process::id()))?;
+            Ok((root, run))
+        });
+        match opened {
+            Ok(dirs) => return Ok(dirs),
+            Err(e) => {
+                tracing::warn!(root = %root_path.display(), error = %error_chain(&e), "cannot use this report root");
+                refused.push(format!("  {}: {}", root_path.display(), error_chain(&e)));
+            }
+        }
+    }
+    Err(format!(
+        "no usable report directory:\n{}\nfix one of them, or give --report-dir DIR (node-local)",
+        refused.join("\n")
+    ))
+}
+
+/// Removes the oldest run directories under `root` so that `keep` remain; a run still going on (its directory
+/// locked by its hangwatch) and anything not ours are left. Returns the names removed.
+pub fn prune_runs(root: &PrivateDir, current: &str, keep: usize) -> Vec<String> {
+    let entries = match root.entries() {
+        Ok(entries) => entries,
+        Err(e) => {
+            tracing::warn!(error = %error_chain(&e), "cannot list old run directories to prune");
+            return Vec::new();
+        }
+    };
+    let mut removed = Vec::new();
+    for name in runs_to_prune(&entries, current, keep) {
+        match root.remove_dir_all(&name) {
+            Ok(true) => removed.push(name),
+            Ok(false) => tracing::debug!(%name, "run directory in use: kept"),
+            Err(e) => {
+                tracing::warn!(%name, error = %error_chain(&e), "cannot prune an old run directory")
+            }
+        }
+    }
+    if !removed.is_empty() {
+        tracing::info!(count = removed.len(), root = %root.path().display(), keep, "pruned old run directories");
+    }
+    removed
+}
+
+/// Refuses a report directory where a file hangwatch will write is already a symlink (or not a regular file, or
+/// not ours): said now, before the job starts, rather than when the evidence is written. The files themselves are
+/// opened `O_NOFOLLOW` as well, so a link planted later is refused then.
+pub fn refuse_planted(dir: &PrivateDir, names: &[&str]) -> Result<(), SafeFsError> {
+    for (name, kind) in dir.entries()? {
+        if !names.contains(&name.as_str()) {
+            continue;
+        }
+        let path = dir.path().join(&name);
+        match kind {
+            FoundKind::Symlink => return Err(SafeFsError::Symlink { path }),
+            FoundKind::Directory if name == "output" => {
+                dir.subdir(&name)?;
+            }
+            FoundKind::RegularFile => {
+                dir.append(&name)?;
+            }
+            found if name != "hb.sock" => {
+                return Err(SafeFsError::WrongKind {
+                    path,
+                    found,
+                    expected: FoundKind::RegularFile,
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// An error and its causes on one line.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// `20261129T214500Z` from seconds since the epoch.
+pub fn utc_stamp(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil-from-days (proleptic Gregorian), so no date library is needed for one file name.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn all_local(_: &Path) -> bool {
+        true
+    }
+
+    #[test]
+    fn utc_stamp_is_a_calendar_date() {
+        assert_eq!(utc_stamp(0), "19700101T000000Z");
+        assert_eq!(utc_stamp(1_795_988_366), "20261129T213926Z");
+        assert_eq!(utc_stamp(951_782_400), "20000229T000000Z");
+    }
+
+    #[test]
+    fn var_tmp_per_user_comes_first_when_local() {
+        let env = HashMap::from([
+            ("SLURM_TMPDIR", "/local/job42"),
+            ("XDG_RUNTIME_DIR", "/run/user/1000"),
+        ]);
+        assert_eq!(
+            report_root_candidates(&env, 1000, &all_local),
+            [
+                PathBuf::from("/var/tmp/hangwatch-1000"),
+                PathBuf::from("/local/job42/hangwatch"),
+                PathBuf::from("/run/user/1000/hangwatch"),
+            ]
+        );
+        assert_eq!(
+            report_root_candidates(&HashMap::new(), 0, &all_local),
+            [PathBuf::from("/var/tmp/hangwatch-0")]
+        );
+    }
+
+    #[test]
+    fn a_shared_var_tmp_goes_last_and_shared_or_relative_env_dirs_are_skipped() {
+        let env = HashMap::from([
+            ("SLURM_TMPDIR", "/gpfs/tmp/job42"),
+            ("XDG_RUNTIME_DIR", "relative/dir"),
+        ]);
+        let local = |p: &Path| !p.starts_with("/var/tmp") && !p.starts_with("/gpfs");
+        assert_eq!(
+            report_root_candidates(&env, 7, &local),
+            [PathBuf::from("/var/tmp/hangwatch-7")]
+        );
+        let env = HashMap::from([("XDG_RUNTIME_DIR", "/run/user/7")]);
+        assert_eq!(
+            report_root_candidates(&env, 7, &local),
+            [
+                PathBuf::from("/run/user/7/hangwatch"),
+                PathBuf::from("/var/tmp/hangwatch-7"),
+            ]
+        );
+    }
+
+    #[test]
+    fn state_dir_is_xdg_state_home_when_local_else_under_var_tmp() {
+        let env = HashMap::from([("XDG_STATE_HOME", "/local/state")]);
+        assert_eq!(
+            state_dir(&env, 5, &all_local),
+            PathBuf::from("/local/state/hangwatch")
+        );
+        let shared = |p: &Path| !p.starts_with("/local");
+        assert_eq!(
+            state_dir(&env, 5, &shared),
+            PathBuf::from("/var/tmp/hangwatch-5/state")
+        );
+        assert_eq!(
+            state_dir(&HashMap::new(), 5, &all_local),
+            PathBuf::from("/var/tmp/hangwatch-5/state")
+        );
+    }
+
+    #[test]
+    fn run_names_round_trip() {
+        let name = run_dir_name("run", 1_795_988_366, 4242);
+        assert_eq!(name, "run-20261129T213926Z-4242");
+        assert_eq!(parse_run_name(&name), Some(("20261129T213926Z", 4242)));
+        for other in [
+            "state",
+            "run-",
+            "run-20261129T213926Z",
+            "run-20261129T213926Z-",
+            "run-20261129X213926Z-1",
+            "run-2026112T213926Z-1",
+            "run-20261129T213926Z-1x",
+            "demo-20261129T213926Z-1",
+        ] {
+            assert_eq!(parse_run_name(other), None, "{other}");
+        }
+    }
+
+    fn dirs(names: &[&str]) -> Vec<(String, FoundKind)> {
+        names
+            .iter()
+            .map(|n| (n.to_string(), FoundKind::Directory))
+            .collect()
+    }
+
+    #[test]
+    fn prune_keeps_the_newest_counting_the_current_one() {
+        let entries = dirs(&[
+            "run-20260101T000000Z-5",
+            "run-20260103T000000Z-1",
+            "run-20260102T000000Z-9",
+            "run-20260102T000000Z-10",
+            "run-20260104T000000Z-2",
+        ]);
+        let mut removed = runs_to_prune(&entries, "run-20260104T000000Z-2", 3);
+        removed.sort();
+        assert_eq!(
+            removed,
+            ["run-20260101T000000Z-5", "run-20260102T000000Z-9"]
+        );
+    }
+
+    #[test]
+    fn prune_never_removes_the_current_one_even_when_it_looks_oldest() {
+        let entries = dirs(&[
+            "run-20250101T000000Z-1",
+            "run-20260101T000000Z-2",
+            "run-20260102T000000Z-3",
+        ]);
+        let removed = runs_to_prune(&entries, "run-20250101T000000Z-1", 1);
+        assert!(!removed.contains(&"run-20250101T000000Z-1".to_string()));
+        assert_eq!(removed.len(), 2);
+    }
+
+    #[test]
+    fn prune_leaves_what_is_not_a_run_directory() {
+        let mut entries = dirs(&["state", "demo-20260101T000000Z-1", "run-x"]);
+        entries.push(("run-20200101T000000Z-1".into(), FoundKind::RegularFile));
+        entries.push(("run-20200101T000000Z-2".into(), FoundKind::Symlink));
+        entries.extend(dirs(&["run-20200101T000000Z-3"]));
+        assert_eq!(
+            runs_to_prune(&entries, "run-20260101T000000Z-9", 1),
+            ["run-20200101T000000Z-3"]
+        );
+    }
+
+    #[test]
+    fn keep_zero_keeps_everything() {
+        let entries = dirs(&["run-20200101T000000Z-3", "run-20200101T000000Z-4"]);
+        assert!(runs_to_prune(&entries, "run-20260101T000000Z-9", 0).is_empty());
+    }
+
+    #[test]
+    fn a_planted_symlink_is_refused_before_the_job_starts() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = PrivateDir::open_or_create(&tmp.path().join("report")).unwrap();
+        std::fs::write(tmp.path().join("target"), b"keep").unwrap();
+        std::os::unix::fs::symlink(
+            tmp.path().join("target"),
+            tmp.path().join("report/verdict.json"),
+        )
+        .unwrap();
+        std::fs::write(tmp.path().join("report/unrelated"), b"").unwrap();
+        let err = refuse_planted(&dir, &["verdict.json"]).unwrap_err();
+        assert!(err.to_string().contains("a symlink is planted at"), "{err}");
+        assert!(refuse_planted(&dir, &["other.json"]).is_ok());
+        assert_eq!(std::fs::read(tmp.path().join("target")).unwrap(), b"keep");
+    }
+}
