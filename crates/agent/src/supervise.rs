@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,11 +19,13 @@ use nix::sys::signal::Signal;
 
 use crate::alert::AlertConfig;
 use crate::evidence::{write_bundle, Evidence};
+use crate::heartbeat::{HeartbeatContext, PhaseMessage};
 use crate::kernel_log::KernelLog;
 use crate::launch::{launch, LaunchSpec, Launched};
+use crate::members::JobMembers;
 use crate::output::{drain, Console, DrainContext, LineSink, Stream, Tails};
+use crate::progress::ProgressBoard;
 use crate::terminate::{terminate, JobProcess, TerminationReport};
-use crate::wire::ClientMessage;
 
 /// Exit code when hangwatch ended a hung job (EX_TEMPFAIL: retryable).
 pub const EXIT_HUNG: i32 = 75;
@@ -72,13 +74,15 @@ pub struct RunOutcome {
     pub interrupted_by: Option<i32>,
 }
 
-/// One thing that happened.
+/// One thing that happened. Progress (beats, output) is not an event: it waits on the [`ProgressBoard`].
 #[derive(Debug)]
 pub enum Event {
-    Output { rank: Option<u32>, at: Instant },
-    Client { message: ClientMessage, at: Instant },
+    Phase(PhaseMessage),
     Signal(i32),
 }
+
+/// The event channel's capacity: phases and signals are rare; a full channel drops phases (counted).
+pub const EVENT_CAPACITY: usize = 1024;
 
 /// Errors that stop `run` before or outside the job.
 #[derive(Debug, thiserror::Error)]
@@ -203,6 +207,8 @@ struct Supervisor {
     activity: HashMap<i32, u64>,
     env_checked: HashMap<i32, Option<u32>>,
     heartbeats: Arc<crate::heartbeat::HeartbeatStats>,
+    board: Arc<ProgressBoard>,
+    members: Arc<JobMembers>,
 }
 
 /// Runs the job to its end. Never returns while a rank it can still end is alive, and never waits on one it
@@ -212,15 +218,22 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         path: config.report_dir.clone(),
         source,
     })?;
-    let (tx, rx) = channel::<Event>();
+    let (tx, rx) = sync_channel::<Event>(EVENT_CAPACITY);
     let signals = install_signals(tx.clone()).map_err(RunError::Signals)?;
     let socket_path = config.report_dir.join("hb.sock");
-    let socket = crate::heartbeat::start(&socket_path, tx.clone(), config.sink.clone()).map_err(
-        |source| RunError::Socket {
+    let board = Arc::new(ProgressBoard::new());
+    let members = Arc::new(JobMembers::new());
+    let heartbeat = HeartbeatContext {
+        events: tx.clone(),
+        board: Arc::clone(&board),
+        members: Arc::clone(&members),
+        sink: config.sink.clone(),
+    };
+    let socket =
+        crate::heartbeat::start(&socket_path, heartbeat).map_err(|source| RunError::Socket {
             path: socket_path.clone(),
             source,
-        },
-    )?;
+        })?;
     let mut launch_spec = config.launch.clone();
     launch_spec.socket = Some(socket.path().to_path_buf());
     let kernel_log = KernelLog::follow();
@@ -229,9 +242,12 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
     let open_streams = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let start = Instant::now();
     let launched = launch(&launch_spec)?;
+    for l in &launched {
+        members.register_live(l.pid, l.rank);
+    }
     let tree_mode = launch_spec.nproc.is_none();
     let ctx = DrainContext {
-        events: tx.clone(),
+        board: Arc::clone(&board),
         sink: config.sink.clone(),
         console: console.clone(),
         tails: Arc::clone(&tails),
@@ -291,6 +307,8 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         activity: HashMap::new(),
         env_checked: HashMap::new(),
         heartbeats: Arc::clone(&socket.stats),
+        board,
+        members,
     };
     let outcome = sup.run_loop(&rx);
     // The last lines of a job that ended are still in its pipes: let the drain threads finish, briefly (a
@@ -328,7 +346,7 @@ impl SignalThread {
     }
 }
 
-fn install_signals(tx: Sender<Event>) -> std::io::Result<SignalThread> {
+fn install_signals(tx: SyncSender<Event>) -> std::io::Result<SignalThread> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     let handle = signals.handle();
@@ -376,25 +394,14 @@ impl Supervisor {
 
     fn handle_event(&mut self, event: Event) -> Option<RunOutcome> {
         match event {
-            Event::Output { rank, at } => {
-                let at = self.since_start(at);
-                self.detector.progress(rank, ProgressSource::Output, at);
-            }
-            Event::Client { message, at } => {
-                let at = self.since_start(at);
-                let header = message.header();
-                match message {
-                    ClientMessage::Beat { .. } => {
-                        self.detector
-                            .progress(header.rank, ProgressSource::Heartbeat, at)
-                    }
-                    ClientMessage::Phase {
-                        begin: true, name, ..
-                    } => self.detector.phase_begin(header.rank, &name, at),
-                    ClientMessage::Phase {
-                        begin: false, name, ..
-                    } => self.detector.phase_end(header.rank, &name, at),
-                    ClientMessage::Hello { .. } | ClientMessage::Log { .. } => {}
+            Event::Phase(phase) => {
+                // The rank's beats before this phase message come first.
+                self.take_progress();
+                let at = self.since_start(phase.at);
+                if phase.begin {
+                    self.detector.phase_begin(phase.rank, &phase.name, at);
+                } else {
+                    self.detector.phase_end(phase.rank, &phase.name, at);
                 }
             }
             Event::Signal(sig) => return self.on_signal(sig),
@@ -430,11 +437,21 @@ impl Supervisor {
             .count()
     }
 
+    /// Feeds the progress recorded on the board since the last take to the detector.
+    fn take_progress(&mut self) {
+        for u in self.board.take_updates() {
+            self.detector
+                .progress_batch(u.rank, u.source, u.batch(self.start));
+        }
+    }
+
     fn tick(&mut self) -> Option<RunOutcome> {
+        self.take_progress();
         let now = self.now();
         for p in self.procs.iter_mut() {
             let was = p.exit.is_some() || p.exited_at.is_some();
             if !was && p.has_exited() {
+                self.members.forget(p.pid);
                 self.detector.rank_gone(p.rank);
                 if let Some(status) = &p.exit {
                     tracing::info!(pid = p.pid, rank = ?p.rank, code = shell_code(status), "rank exited");
@@ -574,6 +591,7 @@ impl Supervisor {
                 if !self.procs.iter().any(|p| p.pid == pid) {
                     let pgid = self.procfs.stat(pid).map(|s| s.pgrp).unwrap_or(pid);
                     tracing::info!(pid, rank, "found a rank below the launcher");
+                    self.members.register_live(pid, Some(rank));
                     self.procs.push(JobProc {
                         waited: None,
                         pid,
@@ -723,11 +741,7 @@ impl Supervisor {
             "nproc": self.config.launch.nproc,
             "pids": self.procs.iter().map(|p| serde_json::json!({"pid": p.pid, "rank": p.rank})).collect::<Vec<_>>(),
             "running_for_s": self.now().as_secs_f64(),
-            "heartbeats": {
-                "received": self.heartbeats.received.load(std::sync::atomic::Ordering::Relaxed),
-                "malformed": self.heartbeats.malformed.load(std::sync::atomic::Ordering::Relaxed),
-                "dropped_by_clients": self.heartbeats.client_dropped.load(std::sync::atomic::Ordering::Relaxed),
-            },
+            "heartbeats": self.heartbeats.counts(),
             "console_lines_dropped": self.console.as_ref().map(Console::dropped),
         });
         let kernel = self.kernel_log.text();
