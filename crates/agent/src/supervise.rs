@@ -380,7 +380,10 @@ impl Supervisor {
                     if let Some(outcome) = self.handle_event(event) {
                         return outcome;
                     }
-                    continue;
+                    // Events that keep coming must not hold the tick back.
+                    if Instant::now() < next_tick {
+                        continue;
+                    }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
