@@ -106,7 +106,7 @@ pub struct RunRecord {
     pub nproc: Option<u32>,
     pub pids: Vec<PidRecord>,
     pub running_for_s: f64,
-    pub heartbeats: HeartbeatCounters,
+    pub heartbeats: crate::heartbeat::HeartbeatCounts,
     pub console_lines_dropped: Option<u64>,
     /// hangwatch's own messages to stderr dropped because nobody read them.
     pub messages_dropped: u64,
@@ -119,13 +119,6 @@ pub struct PidRecord {
     pub rank: Option<u32>,
 }
 
-/// The heartbeat socket's counters.
-#[derive(Debug, Clone, Serialize)]
-pub struct HeartbeatCounters {
-    pub received: u64,
-    pub malformed: u64,
-    pub dropped_by_clients: u64,
-}
 
 /// One file of the bundle: its name relative to the report directory and its bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]

@@ -1,6 +1,8 @@
 //! Draining the ranks' stdout and stderr: every line is read at once (so a rank never blocks on a full pipe),
 //! kept in a per-rank tail for the evidence, handed to the log sink, mirrored to the console without blocking,
-//! and reported to the supervisor as progress.
+//! and recorded as progress on the [`ProgressBoard`]. A carriage return counts as progress too (a tqdm bar
+//! redraws itself with `\r` and may print no `\n` for minutes); lines are still split on `\n` only, so the log
+//! file's bytes are the job's.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -9,9 +11,11 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::supervise::Event;
+use hangwatch_diagnosis::ProgressSource;
 
-/// The least time between two progress events from one stream.
+use crate::progress::ProgressBoard;
+
+/// The least time between two progress units from one stream.
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Lines longer than this are cut into pieces (a binary blob without newlines must not grow memory unbounded).
@@ -122,7 +126,7 @@ fn console_loop(rx: Receiver<(Stream, Vec<u8>)>, stdout_to_stderr: bool) {
 /// Everything a drain thread needs.
 #[derive(Clone)]
 pub struct DrainContext {
-    pub events: std::sync::mpsc::Sender<Event>,
+    pub board: Arc<ProgressBoard>,
     pub sink: Option<Arc<dyn LineSink>>,
     pub console: Option<Console>,
     pub tails: Arc<Tails>,
@@ -153,21 +157,26 @@ pub fn drain<R: Read + Send + 'static>(
         let mut reader = BufReader::with_capacity(64 * 1024, reader);
         let mut buf = Vec::with_capacity(256);
         let mut last_reported: Option<Instant> = None;
+        let mut progress = |ctx: &DrainContext| {
+            // 4 Hz per stream is plenty for stall detection, and keeps the intervals the detector learns from
+            // output what they were.
+            let now = Instant::now();
+            if last_reported.is_none_or(|t| now.duration_since(t) >= PROGRESS_EVERY) {
+                last_reported = Some(now);
+                ctx.board.record(rank, ProgressSource::Output, now, None);
+            }
+        };
         loop {
             buf.clear();
-            let n = match (&mut reader)
-                .take(MAX_LINE as u64)
-                .read_until(b'\n', &mut buf)
-            {
+            match read_line(&mut reader, &mut buf, MAX_LINE, || progress(&ctx)) {
                 Ok(0) => break,
-                Ok(n) => n,
+                Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
-            };
+            }
             if buf.last() != Some(&b'\n') {
                 buf.push(b'\n');
             }
-            let _ = n;
             let text = String::from_utf8_lossy(&buf[..buf.len() - 1]).into_owned();
             ctx.tails.push(&label, &text);
             let line = match (ctx.prefix, rank) {
@@ -184,20 +193,44 @@ pub fn drain<R: Read + Send + 'static>(
             if let Some(sink) = &ctx.sink {
                 sink.push(line);
             }
-            // Progress at 4 Hz per stream is plenty for stall detection; one event per line would wake the
-            // supervisor for every line of a chatty job.
-            let now = Instant::now();
-            if last_reported.is_none_or(|t| now.duration_since(t) >= PROGRESS_EVERY) {
-                last_reported = Some(now);
-                if ctx.events.send(Event::Output { rank, at: now }).is_err() {
-                    break;
-                }
-            }
+            progress(&ctx);
         }
     });
     if let Err(e) = spawned {
         open_streams.fetch_sub(1, Ordering::SeqCst);
         tracing::error!(error = %e, "cannot start a thread to drain a rank's output");
+    }
+}
+
+/// Reads one line (through `\n`, or `max` bytes, or to EOF) into `buf`, calling `on_carriage_return` whenever a
+/// read brings a `\r` before the line is complete. Returns the bytes read (0 at EOF).
+fn read_line<R: BufRead>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+    mut on_carriage_return: impl FnMut(),
+) -> std::io::Result<usize> {
+    let mut total = 0;
+    loop {
+        let available = reader.fill_buf()?;
+        if available.is_empty() {
+            return Ok(total);
+        }
+        let room = max - total;
+        let window = &available[..available.len().min(room)];
+        let (take, done) = match window.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (window.len(), window.len() == room),
+        };
+        buf.extend_from_slice(&window[..take]);
+        if !done && window[..take].contains(&b'\r') {
+            on_carriage_return();
+        }
+        reader.consume(take);
+        total += take;
+        if done {
+            return Ok(total);
+        }
     }
 }
 
@@ -207,5 +240,57 @@ struct StreamClosed(Arc<AtomicU64>);
 impl Drop for StreamClosed {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(input: &[u8], max: usize) -> (Vec<Vec<u8>>, usize) {
+        let mut reader = BufReader::with_capacity(7, input);
+        let mut out = Vec::new();
+        let mut returns = 0;
+        loop {
+            let mut buf = Vec::new();
+            let n = read_line(&mut reader, &mut buf, max, || returns += 1).unwrap();
+            if n == 0 {
+                return (out, returns);
+            }
+            out.push(buf);
+        }
+    }
+
+    #[test]
+    fn lines_keep_their_bytes_and_carriage_returns_are_progress() {
+        let input = b"epoch 1\n 10%|#  \r 20%|##  \r 30%|### \r100%|####\nend";
+        let (got, returns) = lines(input, 1 << 20);
+        assert_eq!(got.concat(), input.to_vec(), "bytes as they were");
+        assert_eq!(
+            got,
+            vec![
+                b"epoch 1\n".to_vec(),
+                b" 10%|#  \r 20%|##  \r 30%|### \r100%|####\n".to_vec(),
+                b"end".to_vec()
+            ]
+        );
+        assert!(
+            returns >= 2,
+            "the bar's redraws were seen before its line ended: {returns}"
+        );
+    }
+
+    #[test]
+    fn a_line_longer_than_the_limit_is_cut() {
+        let (got, _) = lines(b"abcdefghij\nk", 4);
+        assert_eq!(
+            got,
+            vec![
+                b"abcd".to_vec(),
+                b"efgh".to_vec(),
+                b"ij\n".to_vec(),
+                b"k".to_vec()
+            ]
+        );
     }
 }

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -20,17 +20,19 @@ use nix::sys::signal::Signal;
 
 use crate::alert::AlertConfig;
 use crate::evidence::{
-    verdict_files, write_abandonable, Evidence, HeartbeatCounters, RunRecord, ThresholdsRecord,
+    verdict_files, write_abandonable, Evidence, RunRecord, ThresholdsRecord,
 };
+use crate::heartbeat::{HeartbeatContext, PhaseMessage};
 use crate::human::say;
 use crate::kernel_log::KernelLog;
 use crate::launch::{launch, LaunchSpec, Launched};
+use crate::members::JobMembers;
 use crate::output::{drain, Console, DrainContext, LineSink, Stream, Tails};
+use crate::progress::ProgressBoard;
 pub use crate::policy::OnHang;
 use crate::policy::{Action, Ending, Input, Notice, Policy, PolicyConfig, Stall, Trigger};
 use crate::reaper::{JobGroup, Reaper};
 use crate::terminate::{terminate, JobProcess, TerminationReport};
-use crate::wire::ClientMessage;
 
 /// Exit code when hangwatch ended a hung job (EX_TEMPFAIL: retryable).
 pub const EXIT_HUNG: i32 = 75;
@@ -73,23 +75,21 @@ pub struct RunOutcome {
     pub interrupted_by: Option<i32>,
 }
 
-/// One thing that happened.
+/// One thing that happened. Progress (beats, output) is not an event: it waits on the [`ProgressBoard`], which the
+/// loop reads at each tick, so a flood of it never fills the channel.
 #[derive(Debug)]
 pub enum Event {
-    Output {
-        rank: Option<u32>,
-        at: Instant,
-    },
-    Client {
-        message: ClientMessage,
-        at: Instant,
-    },
+    Phase(PhaseMessage),
     Signal(i32),
     /// The roll call worker finished (the evidence is written or given up on, the alert is on its way).
     Investigated(Box<Investigation>),
     /// The termination worker finished.
     Terminated(TerminationReport),
 }
+
+/// The event channel's capacity: phases, signals and worker results are rare; a full channel drops phases
+/// (counted by the heartbeat receiver).
+pub const EVENT_CAPACITY: usize = 1024;
 
 /// What a roll call worker brings back.
 #[derive(Debug)]
@@ -219,7 +219,9 @@ struct Supervisor {
     kernel_log: KernelLog,
     tails: Arc<Tails>,
     console: Option<Console>,
-    events: Sender<Event>,
+    events: SyncSender<Event>,
+    board: Arc<ProgressBoard>,
+    members: Arc<JobMembers>,
     /// The verdict of the last roll call, and the one acted on.
     last_verdict: Option<Verdict>,
     bundle: Option<PathBuf>,
@@ -241,7 +243,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         path: config.report_dir.clone(),
         source,
     })?;
-    let (tx, rx) = channel::<Event>();
+    let (tx, rx) = sync_channel::<Event>(EVENT_CAPACITY);
     let signals = install_signals(tx.clone()).map_err(RunError::Signals)?;
     // The socket lives in a private node-local directory, never in the report directory: a report directory on a
     // filesystem that froze would block its bind, and its unlink at exit (in D, hangwatch could not exit).
@@ -250,12 +252,19 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         source,
     })?;
     let socket_path = runtime.path().join("hb.sock");
-    let socket = crate::heartbeat::start(&socket_path, tx.clone(), config.sink.clone()).map_err(
-        |source| RunError::Socket {
+    let board = Arc::new(ProgressBoard::new());
+    let members = Arc::new(JobMembers::new());
+    let heartbeat = HeartbeatContext {
+        events: tx.clone(),
+        board: Arc::clone(&board),
+        members: Arc::clone(&members),
+        sink: config.sink.clone(),
+    };
+    let socket =
+        crate::heartbeat::start(&socket_path, heartbeat).map_err(|source| RunError::Socket {
             path: socket_path.clone(),
             source,
-        },
-    )?;
+        })?;
     let mut launch_spec = config.launch.clone();
     launch_spec.socket = Some(socket.path().to_path_buf());
     let kernel_log = KernelLog::follow();
@@ -271,9 +280,12 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         .ok();
     let start = Instant::now();
     let launched = launch(&launch_spec)?;
+    for l in &launched {
+        members.register_live(l.pid, l.rank);
+    }
     let tree_mode = launch_spec.nproc.is_none();
     let ctx = DrainContext {
-        events: tx.clone(),
+        board: Arc::clone(&board),
         sink: config.sink.clone(),
         console: console.clone(),
         tails: Arc::clone(&tails),
@@ -331,6 +343,8 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         tails,
         console,
         events: tx,
+        board,
+        members,
         last_verdict: None,
         bundle: None,
         termination: None,
@@ -408,7 +422,7 @@ impl SignalThread {
     }
 }
 
-fn install_signals(tx: Sender<Event>) -> std::io::Result<SignalThread> {
+fn install_signals(tx: SyncSender<Event>) -> std::io::Result<SignalThread> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     let handle = signals.handle();
@@ -442,7 +456,10 @@ impl Supervisor {
                     if let Some(outcome) = self.handle_event(event) {
                         return outcome;
                     }
-                    continue;
+                    // Events that keep coming must not hold the tick back.
+                    if Instant::now() < next_tick {
+                        continue;
+                    }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
@@ -456,26 +473,14 @@ impl Supervisor {
 
     fn handle_event(&mut self, event: Event) -> Option<RunOutcome> {
         let input = match event {
-            Event::Output { rank, at } => {
-                let at = self.since_start(at);
-                self.detector.progress(rank, ProgressSource::Output, at);
-                return None;
-            }
-            Event::Client { message, at } => {
-                let at = self.since_start(at);
-                let header = message.header();
-                match message {
-                    ClientMessage::Beat { .. } => {
-                        self.detector
-                            .progress(header.rank, ProgressSource::Heartbeat, at)
-                    }
-                    ClientMessage::Phase {
-                        begin: true, name, ..
-                    } => self.detector.phase_begin(header.rank, &name, at),
-                    ClientMessage::Phase {
-                        begin: false, name, ..
-                    } => self.detector.phase_end(header.rank, &name, at),
-                    ClientMessage::Hello { .. } | ClientMessage::Log { .. } => {}
+            Event::Phase(phase) => {
+                // The rank's beats before this phase message come first.
+                self.take_progress();
+                let at = self.since_start(phase.at);
+                if phase.begin {
+                    self.detector.phase_begin(phase.rank, &phase.name, at);
+                } else {
+                    self.detector.phase_end(phase.rank, &phase.name, at);
                 }
                 return None;
             }
@@ -529,11 +534,21 @@ impl Supervisor {
         self.carry_out(actions)
     }
 
+    /// Feeds the progress recorded on the board since the last take to the detector.
+    fn take_progress(&mut self) {
+        for u in self.board.take_updates() {
+            self.detector
+                .progress_batch(u.rank, u.source, u.batch(self.start));
+        }
+    }
+
     fn tick(&mut self) -> Option<RunOutcome> {
+        self.take_progress();
         let now = self.now();
         for p in self.procs.iter_mut() {
             let was = p.exit.is_some() || p.exited_at.is_some();
             if !was && p.has_exited() {
+                self.members.forget(p.pid);
                 self.detector.rank_gone(p.rank);
                 if let Some(status) = &p.exit {
                     tracing::info!(pid = p.pid, rank = ?p.rank, code = shell_code(status), "rank exited");
@@ -714,6 +729,7 @@ impl Supervisor {
                 if !self.procs.iter().any(|p| p.pid == pid) {
                     let pgid = self.procfs.stat(pid).map(|s| s.pgrp).unwrap_or(pid);
                     tracing::info!(pid, rank, "found a rank below the launcher");
+                    self.members.register_live(pid, Some(rank));
                     self.procs.push(JobProc {
                         waited: None,
                         pid,
@@ -762,7 +778,6 @@ impl Supervisor {
     }
 
     fn run_record(&self) -> RunRecord {
-        use std::sync::atomic::Ordering::Relaxed;
         RunRecord {
             hangwatch_version: env!("CARGO_PKG_VERSION").to_string(),
             node: self.config.node.clone(),
@@ -783,11 +798,7 @@ impl Supervisor {
                 })
                 .collect(),
             running_for_s: self.now().as_secs_f64(),
-            heartbeats: HeartbeatCounters {
-                received: self.heartbeats.received.load(Relaxed),
-                malformed: self.heartbeats.malformed.load(Relaxed),
-                dropped_by_clients: self.heartbeats.client_dropped.load(Relaxed),
-            },
+            heartbeats: self.heartbeats.counts(),
             console_lines_dropped: self.console.as_ref().map(Console::dropped),
             messages_dropped: crate::human::dropped(crate::human::Stream::Stderr),
         }

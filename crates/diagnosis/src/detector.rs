@@ -55,6 +55,19 @@ impl Default for DetectorConfig {
     }
 }
 
+/// Progress units of one rank and source gathered between two ticks (times since the job started).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProgressBatch {
+    /// When the first unit of the batch came.
+    pub first: Duration,
+    /// When the last one came.
+    pub last: Duration,
+    /// How many units; at least 1.
+    pub count: u64,
+    /// The longest time between two consecutive units of the batch (zero for one unit).
+    pub longest_gap: Duration,
+}
+
 /// What the detector thinks now.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StallState {
@@ -137,6 +150,53 @@ impl Detector {
                 .push(interval);
         }
         self.last_progress.insert(source, now);
+    }
+
+    /// Progress the caller gathered between two of its ticks (many beats of one rank in 200 ms). Learns as if
+    /// each unit had come alone, so that the threshold does not depend on the tick: the gap before the first
+    /// unit is measured here (phase-aware, like [`Detector::progress`]), the longest gap inside the batch is kept
+    /// exactly and the other gaps count as their mean. At most [`RECENT_SAMPLES`] intervals are learned from
+    /// one batch. A batch older than this rank's last progress (a phase event handled first) is moved up to it.
+    pub fn progress_batch(
+        &mut self,
+        rank: Option<u32>,
+        source: ProgressSource,
+        batch: ProgressBatch,
+    ) {
+        let prev = self
+            .ranks
+            .get(&rank)
+            .and_then(|r| r.last.get(&source))
+            .copied()
+            .unwrap_or_default();
+        let first = batch.first.max(prev);
+        let last = batch.last.max(first);
+        self.progress(rank, source, first);
+        let gaps = batch.count.saturating_sub(1);
+        if gaps == 0 {
+            self.progress(rank, source, last);
+            return;
+        }
+        let span = last.saturating_sub(first);
+        let longest = batch.longest_gap.min(span);
+        let phase = self
+            .ranks
+            .get(&rank)
+            .and_then(|r| r.phases.last().map(|(name, _)| name.clone()));
+        let samples = self.intervals.entry((source, phase)).or_default();
+        samples.push(longest);
+        if gaps > 1 {
+            let mean = span.saturating_sub(longest).div_f64((gaps - 1) as f64);
+            for _ in 0..(gaps - 1).min(RECENT_SAMPLES as u64) {
+                samples.push(mean);
+            }
+        }
+        self.ranks
+            .entry(rank)
+            .or_default()
+            .last
+            .insert(source, last);
+        self.last_progress.insert(source, last);
     }
 
     /// A rank entered a phase (`hangwatch.phase(name)`). Counts as progress.
@@ -303,7 +363,8 @@ struct Samples {
     longest_after_first: Duration,
 }
 
-const RECENT_SAMPLES: usize = 512;
+/// How many recent intervals the p95 is taken over.
+pub const RECENT_SAMPLES: usize = 512;
 const FIRST_SAMPLES_IGNORED_FOR_LONGEST: usize = 3;
 
 impl Samples {
@@ -542,5 +603,73 @@ mod tests {
         );
         assert_eq!(d.stalled_for(s(4.0)), s(2.0));
         assert!(matches!(d.check(s(7.5)), StallState::Hard { .. }));
+    }
+
+    fn batch(first: f64, last: f64, count: u64, longest_gap: f64) -> ProgressBatch {
+        ProgressBatch {
+            first: s(first),
+            last: s(last),
+            count,
+            longest_gap: s(longest_gap),
+        }
+    }
+
+    #[test]
+    fn batches_learn_the_step_interval_not_the_tick() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        // 50 ms steps, taken every 200 ms: 4 beats per batch.
+        for tick in 0..20 {
+            let t0 = tick as f64 * 0.2;
+            d.progress_batch(
+                Some(0),
+                ProgressSource::Heartbeat,
+                batch(t0 + 0.05, t0 + 0.2, 4, 0.05),
+            );
+        }
+        let t = d.threshold();
+        assert_eq!(t.basis, "learned");
+        assert_eq!(
+            t.samples, 79,
+            "one interval per beat after the first: {t:?}"
+        );
+        assert_eq!(t.hard, s(2.0), "10 x 50 ms is below the floor: {t:?}");
+        assert_eq!(d.stalled_for(s(4.5)), s(0.5), "the last beat counts");
+    }
+
+    #[test]
+    fn a_long_gap_inside_a_batch_is_learned_exactly() {
+        let mut individual = Detector::new(fast_config(), s(0.0));
+        let mut batched = Detector::new(fast_config(), s(0.0));
+        let mut t = 0.0;
+        let mut times = Vec::new();
+        for i in 0..40 {
+            t += if i == 30 { 40.0 } else { 0.1 };
+            times.push(t);
+            individual.progress(Some(0), ProgressSource::Heartbeat, s(t));
+        }
+        // Batches of 5 beats; the 40 s gap falls inside the batch 25..30.
+        for chunk in times.chunks(5) {
+            let longest = chunk.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+            batched.progress_batch(
+                Some(0),
+                ProgressSource::Heartbeat,
+                batch(
+                    chunk[0],
+                    chunk[chunk.len() - 1],
+                    chunk.len() as u64,
+                    longest,
+                ),
+            );
+        }
+        assert_eq!(batched.threshold().hard, individual.threshold().hard);
+        assert!(batched.threshold().hard >= s(120.0));
+    }
+
+    #[test]
+    fn a_batch_older_than_a_phase_event_does_not_move_progress_back() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        d.phase_begin(Some(0), "save", s(10.0));
+        d.progress_batch(Some(0), ProgressSource::Heartbeat, batch(9.0, 9.5, 2, 0.5));
+        assert_eq!(d.stalled_for(s(11.0)), s(1.0));
     }
 }

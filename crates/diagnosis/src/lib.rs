@@ -7,6 +7,8 @@ pub mod detector;
 pub mod position;
 pub mod rollcall;
 
-pub use detector::{Detector, DetectorConfig, ProgressSource, StallState, Threshold};
+pub use detector::{
+    Detector, DetectorConfig, ProgressBatch, ProgressSource, StallState, Threshold,
+};
 pub use position::{classify, Condition, Position};
 pub use rollcall::{mounts_to_probe, roll_call, RollCallInput};
