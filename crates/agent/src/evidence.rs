@@ -119,7 +119,6 @@ pub struct PidRecord {
     pub rank: Option<u32>,
 }
 
-
 /// One file of the bundle: its name relative to the report directory and its bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct EvidenceFile {

@@ -19,18 +19,16 @@ use hangwatch_proc::ProcFs;
 use nix::sys::signal::Signal;
 
 use crate::alert::AlertConfig;
-use crate::evidence::{
-    verdict_files, write_abandonable, Evidence, RunRecord, ThresholdsRecord,
-};
+use crate::evidence::{verdict_files, write_abandonable, Evidence, RunRecord, ThresholdsRecord};
 use crate::heartbeat::{HeartbeatContext, PhaseMessage};
 use crate::human::say;
 use crate::kernel_log::KernelLog;
 use crate::launch::{launch, LaunchSpec, Launched};
 use crate::members::JobMembers;
 use crate::output::{drain, Console, DrainContext, LineSink, Stream, Tails};
-use crate::progress::ProgressBoard;
 pub use crate::policy::OnHang;
 use crate::policy::{Action, Ending, Input, Notice, Policy, PolicyConfig, Stall, Trigger};
+use crate::progress::ProgressBoard;
 use crate::reaper::{JobGroup, Reaper};
 use crate::terminate::{terminate, JobProcess, TerminationReport};
 

@@ -117,8 +117,21 @@ impl Run {
         }
     }
 
+    /// The heartbeat socket, as the job sees it (`HANGWATCH_SOCKET` in a rank's environment: the socket lives in
+    /// a private runtime directory, not in the report directory).
     fn socket(&self) -> PathBuf {
-        self.report.path().join("hb.sock")
+        let mut found = None;
+        wait_until(Duration::from_secs(20), POLL, || {
+            found = children_of(self.child.id()).into_iter().find_map(|pid| {
+                let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+                environ
+                    .split(|b| *b == 0)
+                    .find_map(|kv| kv.strip_prefix(b"HANGWATCH_SOCKET="))
+                    .map(|v| PathBuf::from(String::from_utf8_lossy(v).into_owned()))
+            });
+            found.is_some()
+        });
+        found.expect("a rank with HANGWATCH_SOCKET in its environment")
     }
 
     fn report_file(&self, name: &str) -> Value {
@@ -303,4 +316,23 @@ fn a_tqdm_bar_that_only_redraws_with_carriage_returns_is_progress() {
         "the bar reaches the console with its carriage returns: {:?}",
         done.stderr
     );
+}
+
+/// The direct children of `pid` (a scan of /proc).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, rest) = stat.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
 }
