@@ -201,7 +201,7 @@ struct Supervisor {
     last_discovery: Option<Instant>,
     last_activity_sample: Option<Instant>,
     activity: HashMap<i32, u64>,
-    env_checked: HashMap<i32, Option<u32>>,
+    ranks: hangwatch_inspect::ranks::RankFinder,
     heartbeats: Arc<crate::heartbeat::HeartbeatStats>,
 }
 
@@ -289,7 +289,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         last_discovery: None,
         last_activity_sample: None,
         activity: HashMap::new(),
-        env_checked: HashMap::new(),
+        ranks: hangwatch_inspect::ranks::RankFinder::new(),
         heartbeats: Arc::clone(&socket.stats),
     };
     let outcome = sup.run_loop(&rx);
@@ -529,7 +529,8 @@ impl Supervisor {
         pids
     }
 
-    /// Finds ranks below the launcher: Python descendants whose environment carries RANK.
+    /// Finds ranks below the launcher: the outermost processes that carry RANK (their descendants are their
+    /// workers, never ranks; see `hangwatch_diagnosis::ranks`).
     fn discover_ranks(&mut self) {
         if self
             .last_discovery
@@ -544,47 +545,51 @@ impl Supervisor {
             .filter(|p| !p.discovered)
             .map(|p| p.pid)
             .collect();
-        let mut candidates = Vec::new();
-        for root in roots {
-            if let Ok(desc) = self.procfs.descendants(root) {
-                candidates.extend(desc);
-            }
-            candidates.push(root);
+        let found = self.ranks.refresh(&self.procfs, &roots);
+        for demoted in &found.demoted {
+            tracing::info!(
+                pid = demoted.id.pid,
+                "a process taken for a rank is a launcher: other ranks run below it"
+            );
+            self.procs
+                .retain(|p| !(p.discovered && p.pid == demoted.id.pid && p.exited_at.is_none()));
         }
-        let new: Vec<i32> = candidates
-            .into_iter()
-            .filter(|pid| !self.env_checked.contains_key(pid))
-            .filter(|&pid| hangwatch_inspect::rollcall::is_python(&self.procfs, pid))
-            .collect();
-        if new.is_empty() {
-            return;
-        }
-        let Ok(mut options) = StackReadOptions::for_self() else {
-            return;
-        };
-        options.total_timeout = Duration::from_secs(2);
-        let outcome = hangwatch_inspect::pystack::read_environments(&new, &options);
-        for pid in new {
-            let rank = outcome
-                .reports
-                .get(&pid)
-                .and_then(|r| r.rank_env.as_ref()?.rank);
-            self.env_checked.insert(pid, rank);
-            if let Some(rank) = rank {
-                if !self.procs.iter().any(|p| p.pid == pid) {
-                    let pgid = self.procfs.stat(pid).map(|s| s.pgrp).unwrap_or(pid);
-                    tracing::info!(pid, rank, "found a rank below the launcher");
-                    self.procs.push(JobProc {
-                        waited: None,
-                        pid,
-                        pgid,
-                        rank: Some(rank),
-                        exit: None,
-                        exited_at: None,
-                        discovered: true,
-                    });
-                }
+        for gone in &found.gone {
+            // Its pid may already belong to another process, which /proc alone cannot tell.
+            if let Some(p) = self
+                .procs
+                .iter_mut()
+                .find(|p| p.discovered && p.pid == gone.id.pid && p.exited_at.is_none())
+            {
+                p.exited_at = Some(Instant::now());
+                self.detector.rank_gone(p.rank);
+                tracing::info!(pid = gone.id.pid, rank = gone.rank, "rank exited");
             }
+        }
+        for new in found.new {
+            if let Some(p) = self
+                .procs
+                .iter_mut()
+                .find(|p| p.pid == new.id.pid && p.exited_at.is_none())
+            {
+                // The command hangwatch started is itself the rank (`hangwatch run -- python train.py` with RANK).
+                p.rank.get_or_insert(new.rank);
+                continue;
+            }
+            tracing::info!(
+                pid = new.id.pid,
+                rank = new.rank,
+                "found a rank below the launcher"
+            );
+            self.procs.push(JobProc {
+                waited: None,
+                pid: new.id.pid,
+                pgid: new.pgid,
+                rank: Some(new.rank),
+                exit: None,
+                exited_at: None,
+                discovered: true,
+            });
         }
     }
 
