@@ -1168,6 +1168,12 @@ fn tree_mode_with_workers_frozen_log_names_rank_0_not_a_worker() {
         "only the launcher's children are ranks: {}",
         done.describe()
     );
+    assert_eq!(
+        done.json["ranks"].as_array().map(Vec::len),
+        Some(3),
+        "workers are not ranks: {}",
+        done.describe()
+    );
     let rank0 = printed[&0];
     frozen.thaw().expect("thaw");
     assert!(
