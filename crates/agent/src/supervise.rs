@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use hangwatch_diagnosis::{Detector, DetectorConfig, ProgressSource, StallState, Threshold};
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
+use hangwatch_inspect::ranks::{Discovery, RankFinder};
 use hangwatch_inspect::rollcall::{take_roll_call, KnownProcess, RollCallOptions};
 use hangwatch_model::{ActionRecord, Verdict, VerdictKind};
 use hangwatch_proc::ProcFs;
@@ -83,6 +84,8 @@ pub enum Event {
     Investigated(Box<Investigation>),
     /// The termination worker finished.
     Terminated(TerminationReport),
+    /// A look for ranks below the launcher finished (tree mode).
+    Discovered(Discovery),
 }
 
 /// The event channel's capacity: phases, signals and worker results are rare; a full channel drops phases
@@ -227,7 +230,9 @@ struct Supervisor {
     last_discovery: Option<Instant>,
     last_activity_sample: Option<Instant>,
     activity: HashMap<i32, u64>,
-    env_checked: HashMap<i32, Option<u32>>,
+    ranks: Arc<Mutex<RankFinder>>,
+    /// A look for ranks is under way in a worker.
+    discovering: bool,
     heartbeats: Arc<crate::heartbeat::HeartbeatStats>,
     reaper: Option<Reaper>,
     groups: Vec<JobGroup>,
@@ -349,7 +354,8 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         last_discovery: None,
         last_activity_sample: None,
         activity: HashMap::new(),
-        env_checked: HashMap::new(),
+        ranks: Arc::new(Mutex::new(RankFinder::new())),
+        discovering: false,
         heartbeats: Arc::clone(&socket.stats),
         reaper,
         groups: Vec::new(),
@@ -520,6 +526,10 @@ impl Supervisor {
                     conclusive,
                 }
             }
+            Event::Discovered(found) => {
+                self.ranks_found(found);
+                return None;
+            }
             Event::Terminated(report) => {
                 if self.termination.is_none() {
                     self.termination = Some(report);
@@ -557,7 +567,6 @@ impl Supervisor {
         if job_alive {
             if self.tree_mode {
                 self.discover_ranks();
-                self.track_groups();
             }
             self.sample_activity();
         }
@@ -682,11 +691,14 @@ impl Supervisor {
         pids
     }
 
-    /// Finds ranks below the launcher: Python descendants whose environment carries RANK.
+    /// Starts a look for ranks below the launcher, about once a second, in a worker: reading environments runs
+    /// children under a deadline (up to 2 s), which the loop must not wait for. The answer comes back as
+    /// [`Event::Discovered`].
     fn discover_ranks(&mut self) {
-        if self
-            .last_discovery
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        if self.discovering
+            || self
+                .last_discovery
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
         {
             return;
         }
@@ -697,50 +709,78 @@ impl Supervisor {
             .filter(|p| !p.discovered)
             .map(|p| p.pid)
             .collect();
-        let mut candidates = Vec::new();
-        for root in roots {
-            if let Ok(desc) = self.procfs.descendants(root) {
-                candidates.extend(desc);
+        let finder = Arc::clone(&self.ranks);
+        let events = self.events.clone();
+        let spawned = std::thread::Builder::new()
+            .name("hw-discover".into())
+            .spawn(move || {
+                let found = finder
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .refresh(&ProcFs::new("/proc"), &roots);
+                let _ = events.send(Event::Discovered(found));
+            });
+        match spawned {
+            Ok(_) => self.discovering = true,
+            Err(e) => tracing::warn!(error = %e, "cannot look for ranks below the launcher"),
+        }
+    }
+
+    /// Takes in what a look for ranks found: the outermost processes that carry RANK (their descendants are their
+    /// workers, never ranks; see `hangwatch_diagnosis::ranks`).
+    fn ranks_found(&mut self, found: Discovery) {
+        self.discovering = false;
+        for demoted in &found.demoted {
+            tracing::info!(
+                pid = demoted.id.pid,
+                "a process taken for a rank is a launcher: other ranks run below it"
+            );
+            self.members.forget(demoted.id.pid);
+            self.procs
+                .retain(|p| !(p.discovered && p.pid == demoted.id.pid && p.exited_at.is_none()));
+        }
+        for gone in &found.gone {
+            if let Some(p) = self.procs.iter_mut().find(|p| {
+                p.discovered
+                    && p.pid == gone.id.pid
+                    && p.start.is_none_or(|s| s == gone.id.start_time)
+                    && p.exited_at.is_none()
+            }) {
+                p.exited_at = Some(Instant::now());
+                self.members.forget(p.pid);
+                self.detector.rank_gone(p.rank);
+                tracing::info!(pid = gone.id.pid, rank = gone.rank, "rank exited");
             }
-            candidates.push(root);
         }
-        let new: Vec<i32> = candidates
-            .into_iter()
-            .filter(|pid| !self.env_checked.contains_key(pid))
-            .filter(|&pid| hangwatch_inspect::rollcall::is_python(&self.procfs, pid))
-            .collect();
-        if new.is_empty() {
-            return;
-        }
-        let Ok(mut options) = StackReadOptions::for_self() else {
-            return;
-        };
-        options.total_timeout = Duration::from_secs(2);
-        let outcome = hangwatch_inspect::pystack::read_environments(&new, &options);
-        for pid in new {
-            let rank = outcome
-                .reports
-                .get(&pid)
-                .and_then(|r| r.rank_env.as_ref()?.rank);
-            self.env_checked.insert(pid, rank);
-            if let Some(rank) = rank {
-                if !self.procs.iter().any(|p| p.pid == pid) {
-                    let pgid = self.procfs.stat(pid).map(|s| s.pgrp).unwrap_or(pid);
-                    tracing::info!(pid, rank, "found a rank below the launcher");
-                    self.members.register_live(pid, Some(rank));
-                    self.procs.push(JobProc {
-                        waited: None,
-                        pid,
-                        pgid,
-                        start: self.procfs.stat(pid).ok().map(|s| s.starttime),
-                        rank: Some(rank),
-                        exit: None,
-                        exited_at: None,
-                        discovered: true,
-                    });
-                }
+        for new in found.new {
+            if let Some(p) = self
+                .procs
+                .iter_mut()
+                .find(|p| p.pid == new.id.pid && p.exited_at.is_none())
+            {
+                // The command hangwatch started is itself the rank (`hangwatch run -- python train.py` with RANK).
+                p.rank.get_or_insert(new.rank);
+                self.members.register_live(p.pid, p.rank);
+                continue;
             }
+            tracing::info!(
+                pid = new.id.pid,
+                rank = new.rank,
+                "found a rank below the launcher"
+            );
+            self.members.register_live(new.id.pid, Some(new.rank));
+            self.procs.push(JobProc {
+                waited: None,
+                pid: new.id.pid,
+                pgid: new.pgid,
+                start: Some(new.id.start_time),
+                rank: Some(new.rank),
+                exit: None,
+                exited_at: None,
+                discovered: true,
+            });
         }
+        self.track_groups();
     }
 
     /// CPU time as progress, only for jobs that never printed nor sent a heartbeat.

@@ -622,3 +622,251 @@ fn ready_lines_are_parsed_with_and_without_the_rank_prefix() {
     assert_eq!(parse_ready("rank 0 of 1 ready (pid 7)"), Some((0, 7)));
     assert_eq!(parse_ready("[rank 1] step 3"), None);
 }
+
+/// `python3 tests/python/worker_job.py launch ARGS`: a Python launcher whose ranks fork workers every epoch.
+fn worker_job(python: &Path, args: &[&str]) -> Vec<String> {
+    [
+        python.to_string_lossy().into_owned(),
+        rank_script()
+            .with_file_name("worker_job.py")
+            .to_string_lossy()
+            .into_owned(),
+        "launch".to_string(),
+    ]
+    .into_iter()
+    .chain(args.iter().map(|a| a.to_string()))
+    .collect()
+}
+
+/// Pids from `worker W of rank R started (pid P)` lines of worker_job.py, for rank `rank`'s writing worker.
+fn writer_pids(stderr: &str, rank: u32) -> Vec<u32> {
+    let head = format!("worker 0 of rank {rank} started (pid ");
+    stderr
+        .lines()
+        .filter(|l| l.contains(" writing "))
+        .filter_map(|l| l.split_once(&head)?.1.split_once(')')?.0.parse().ok())
+        .collect()
+}
+
+#[test]
+fn tree_mode_workers_that_come_and_go_are_not_ranks_and_a_pause_past_the_soft_threshold_kills_nothing(
+) {
+    let py = require!(python());
+    // Soft tier at 5 s, hard at 10 s: rank 0 pauses 7 s (starting a short-lived worker every 0.3 s) while every
+    // rank's epoch workers have exited or are exiting.
+    let mut run = HangwatchRun::start(
+        &["--stall-after", "10s"],
+        &worker_job(
+            py,
+            &[
+                "--nproc",
+                "3",
+                "--epochs",
+                "3",
+                "--steps-per-epoch",
+                "4",
+                "--pause",
+                "5:7",
+            ],
+        ),
+    );
+    let printed = run.wait_for_ranks(3, Duration::from_secs(60));
+    let done = run.finish(Duration::from_secs(120));
+    done.assert_code(0);
+    assert!(
+        done.stderr.contains("soft threshold"),
+        "the pause should have reached the soft threshold (a roll call): {}",
+        done.describe()
+    );
+    let churned: u32 = done
+        .stderr
+        .lines()
+        .find_map(|l| l.split_once("paused; ")?.1.split_once(' ')?.0.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        churned >= 5,
+        "workers should have come and gone during the pause: {}",
+        done.describe()
+    );
+    // The verdict of the soft roll call: three ranks (the launcher's children), none of them a worker, and no
+    // `exited` for the workers that exited.
+    assert_ne!(done.json["kind"], "exited", "{}", done.describe());
+    let ranks = done.rank_pids();
+    assert_eq!(
+        ranks
+            .iter()
+            .map(|(r, p)| (*r as u32, *p))
+            .collect::<BTreeMap<u32, u32>>(),
+        printed,
+        "{}",
+        done.describe()
+    );
+    assert_all_dead(printed.into_values(), "ranks");
+}
+
+#[test]
+fn tree_mode_with_workers_frozen_log_names_rank_0_not_a_worker() {
+    let py = require!(python());
+    let fs = require!(LoopExt4::new(64));
+    let log = fs.path().join("rank0.log");
+    let log_s = log.to_string_lossy().into_owned();
+    let mut run = HangwatchRun::start(
+        &["--stall-after", STALL_AFTER],
+        &worker_job(
+            py,
+            &[
+                "--nproc",
+                "3",
+                "--steps-per-epoch",
+                "3",
+                "--step-time",
+                "0.1",
+                "--log",
+                &log_s,
+                "--only-rank",
+                "0",
+            ],
+        ),
+    );
+    let printed = run.wait_for_ranks(3, Duration::from_secs(60));
+    // Two epochs: workers have come and gone.
+    assert!(
+        wait_until(Duration::from_secs(60), POLL, || lines_in(&log) >= 7),
+        "rank 0 never logged 7 steps:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    let frozen = require!(fs.freeze());
+    let done = run.finish(STALL + Duration::from_secs(25));
+    done.assert_code(75);
+    assert_eq!(
+        done.json["kind"],
+        "blocked_in_kernel",
+        "{}",
+        done.describe()
+    );
+    let c = done.culprit(0);
+    assert_eq!(c["pid"], printed[&0], "{}", done.describe());
+    assert!(c["worker"].is_null(), "{}", done.describe());
+    assert_eq!(c["state"], "D");
+    assert_eq!(c["syscall"], "write");
+    assert_eq!(c["path"], log_s.as_str());
+    let ranks = done.rank_pids();
+    assert_eq!(
+        ranks
+            .iter()
+            .map(|(r, p)| (*r as u32, *p))
+            .collect::<BTreeMap<u32, u32>>(),
+        printed,
+        "only the launcher's children are ranks: {}",
+        done.describe()
+    );
+    assert_eq!(
+        done.json["ranks"].as_array().map(Vec::len),
+        Some(3),
+        "workers are not ranks: {}",
+        done.describe()
+    );
+    let rank0 = printed[&0];
+    frozen.thaw().expect("thaw");
+    assert!(
+        wait_until(Duration::from_secs(5), POLL, || is_dead(rank0)),
+        "rank 0 (pid {rank0}) did not die after the thaw (state {:?})",
+        process_state(rank0)
+    );
+}
+
+#[test]
+fn tree_mode_worker_frozen_in_d_is_named_with_its_rank() {
+    let py = require!(python());
+    let fs = require!(LoopExt4::new(64));
+    let cache = fs.path().join("cache-rank1.bin");
+    let cache_s = cache.to_string_lossy().into_owned();
+    let mut run = HangwatchRun::start(
+        &["--stall-after", STALL_AFTER],
+        &worker_job(
+            py,
+            &[
+                "--nproc",
+                "3",
+                "--steps-per-epoch",
+                "4",
+                "--step-time",
+                "0.1",
+                "--worker-write",
+                &cache_s,
+                "--only-rank",
+                "1",
+            ],
+        ),
+    );
+    let printed = run.wait_for_ranks(3, Duration::from_secs(60));
+    let written = |n: u64| std::fs::metadata(&cache).map(|m| m.len()).unwrap_or(0) >= n * 4096;
+    assert!(
+        wait_until(Duration::from_secs(60), POLL, || written(4)),
+        "rank 1's worker never wrote 4 batches:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    let frozen = require!(fs.freeze());
+    let frozen_at = Instant::now();
+    let done = run.finish(STALL + Duration::from_secs(25));
+    eprintln!(
+        "worker frozen -> hangwatch exit: {:.2}s",
+        frozen_at.elapsed().as_secs_f64()
+    );
+    done.assert_code(75);
+    let v = &done.json;
+    assert_eq!(v["kind"], "blocked_in_kernel", "{}", done.describe());
+    let c = done.culprit(1);
+    let worker = c["worker"]["pid"]
+        .as_u64()
+        .and_then(|p| u32::try_from(p).ok());
+    let writers = writer_pids(&done.stderr, 1);
+    assert!(
+        worker.is_some_and(|w| writers.contains(&w)),
+        "the culprit's worker {worker:?} is not one of rank 1's writing workers {writers:?}: {}",
+        done.describe()
+    );
+    assert_eq!(c["pid"], c["worker"]["pid"]);
+    assert_eq!(c["worker"]["rank_pid"], printed[&1]);
+    assert_eq!(c["worker"]["parent_pid"], printed[&1]);
+    assert_eq!(c["worker"]["role"], "child of rank 1");
+    assert_eq!(c["state"], "D");
+    assert_eq!(c["syscall"], "write");
+    assert_eq!(c["path"], cache_s.as_str());
+    assert_eq!(c["mount"], fs.path().to_str().unwrap());
+    assert_eq!(c["fstype"], "ext4");
+    assert_eq!(c["killable"], false);
+    let summary = v["summary"].as_str().unwrap_or_default();
+    let worker = worker.unwrap_or_default();
+    assert!(
+        summary.starts_with(&format!("rank 1's worker pid {worker} (child of rank 1")),
+        "{summary}"
+    );
+    assert!(
+        summary.contains(&format!("in write() on {cache_s}")),
+        "{summary}"
+    );
+    assert!(summary.contains("(ext4) does not respond"), "{summary}");
+    let ranks = done.rank_pids();
+    assert_eq!(
+        ranks
+            .iter()
+            .map(|(r, p)| (*r as u32, *p))
+            .collect::<BTreeMap<u32, u32>>(),
+        printed,
+        "{}",
+        done.describe()
+    );
+    assert_all_dead(
+        printed.iter().filter(|(r, _)| **r != 1).map(|(_, p)| *p),
+        "ranks 0 and 2",
+    );
+    frozen.thaw().expect("thaw");
+    assert!(
+        wait_until(Duration::from_secs(5), POLL, || is_dead(worker)),
+        "the worker (pid {worker}) did not die after the thaw (state {:?})",
+        process_state(worker)
+    );
+}

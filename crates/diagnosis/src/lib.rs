@@ -2,13 +2,16 @@
 //!
 //! - [`position`]: where each rank is (its most telling thread, the meaningful Python frame, its condition).
 //! - [`rollcall`]: grouping ranks by position, naming the outliers, and the verdict.
+//! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
 
 pub mod detector;
 pub mod position;
+pub mod ranks;
 pub mod rollcall;
 
 pub use detector::{
     Detector, DetectorConfig, ProgressBatch, ProgressSource, StallState, Threshold,
 };
 pub use position::{classify, Condition, Position};
+pub use ranks::{find_ranks, EnvFact, RankMap, TreeNode};
 pub use rollcall::{mounts_to_probe, roll_call, RollCallInput};

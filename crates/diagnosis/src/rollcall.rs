@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use hangwatch_model::{
     Culprit, FilesystemStatus, Group, ProbeResult, ProcessObservation, RankReport, Verdict,
-    VerdictKind, VERDICT_VERSION,
+    VerdictKind, WorkerRef, WorkerReport, VERDICT_VERSION,
 };
 
 use crate::position::{classify, is_filesystem_file, Condition, Position};
@@ -12,6 +12,8 @@ use crate::position::{classify, is_filesystem_file, Condition, Position};
 /// Everything the roll call decides from.
 #[derive(Debug, Clone, Default)]
 pub struct RollCallInput {
+    /// The ranks and their workers (those with `worker_of` set): a worker is never grouped or counted as a rank;
+    /// it is named (with its rank) only when it is stuck on a filesystem.
     pub processes: Vec<ProcessObservation>,
     /// Probes of the mounts that [`mounts_to_probe`] named.
     pub probes: Vec<ProbeResult>,
@@ -25,7 +27,7 @@ pub struct RollCallInput {
     pub now_unix_s: Option<f64>,
 }
 
-/// Mount points worth probing: those that a rank's stuck thread is using.
+/// Mount points worth probing: those that a stuck thread of a rank or of a worker is using.
 pub fn mounts_to_probe(processes: &[ProcessObservation], window_ms: u64) -> Vec<String> {
     let mut mounts = BTreeSet::new();
     for process in processes {
@@ -51,45 +53,100 @@ struct Entry<'a> {
 
 impl Entry<'_> {
     fn label(&self) -> String {
-        match self.process.rank {
-            Some(rank) => format!("rank {rank}"),
-            None => format!("pid {}", self.process.pid),
+        match &self.process.worker_of {
+            Some(w) => format!(
+                "{}'s worker pid {}",
+                rank_label(w.rank, w.rank_pid),
+                self.process.pid
+            ),
+            None => rank_label(self.process.rank, self.process.pid),
         }
     }
+
+    /// The pid of the rank this entry stands for (its own, or its rank's for a worker).
+    fn rank_pid(&self) -> i32 {
+        self.process
+            .worker_of
+            .as_ref()
+            .map_or(self.process.pid, |w| w.rank_pid)
+    }
+}
+
+fn rank_label(rank: Option<u32>, pid: i32) -> String {
+    match rank {
+        Some(rank) => format!("rank {rank}"),
+        None => format!("pid {pid}"),
+    }
+}
+
+/// A worker's place in its rank's tree, in words.
+fn worker_role(process: &ProcessObservation) -> Option<String> {
+    let w = process.worker_of.as_ref()?;
+    let rank = rank_label(w.rank, w.rank_pid);
+    let kin = if w.parent_pid == w.rank_pid {
+        format!("child of {rank}")
+    } else {
+        format!("descendant of {rank} (parent pid {})", w.parent_pid)
+    };
+    // PyTorch names its DataLoader worker processes so.
+    Some(match process.comm.as_deref() {
+        Some("pt_data_worker") => format!("DataLoader worker, {kin}"),
+        _ => kin,
+    })
+}
+
+/// Whether a filesystem wait is on a mount that a probe found responsive: ordinary I/O, not a hang.
+fn on_responsive_mount(position: &Position, input: &RollCallInput) -> bool {
+    let Some(mount) = position.file.as_ref().and_then(|f| f.mount.as_deref()) else {
+        return false;
+    };
+    input
+        .probes
+        .iter()
+        .find(|p| p.mount.as_deref() == Some(mount))
+        .and_then(|p| p.responsive)
+        == Some(true)
+}
+
+/// A worker that holds its rank up: in a filesystem wait (D, or S on a filesystem), not run during the whole
+/// sample window, and not on a mount that answered its probe. Workers churn through I/O all the time, so a worker
+/// caught in a short D read of a healthy disk is not one; an exited worker never is.
+fn is_stuck_worker(entry: &Entry, input: &RollCallInput) -> bool {
+    !entry.process.exited
+        && entry.position.condition == Condition::BlockedInKernel
+        && thread_of(entry).is_some_and(|t| t.not_running_for_ms.is_some())
+        && !on_responsive_mount(&entry.position, input)
 }
 
 /// Decides the verdict from one roll call.
 pub fn roll_call(input: &RollCallInput) -> Verdict {
-    let mut entries: Vec<Entry> = input
+    let (mut entries, mut workers): (Vec<Entry>, Vec<Entry>) = input
         .processes
         .iter()
         .map(|process| Entry {
             process,
             position: classify(process, input.window_ms),
         })
-        .collect();
+        .partition(|e| e.process.worker_of.is_none());
     entries.sort_by_key(|e| (e.process.rank.unwrap_or(u32::MAX), e.process.pid));
-
-    let probe_for = |mount: &str| {
-        input
-            .probes
-            .iter()
-            .find(|p| p.mount.as_deref() == Some(mount))
-    };
+    workers.sort_by_key(|e| {
+        (
+            e.process
+                .worker_of
+                .as_ref()
+                .and_then(|w| w.rank)
+                .unwrap_or(u32::MAX),
+            e.process.pid,
+        )
+    });
 
     // Filesystem waits on a mount that a probe found responsive are ordinary I/O, not a hang.
-    for entry in &mut entries {
-        if entry.position.condition == Condition::BlockedInKernel && entry.position.state != 'D' {
-            let responsive = entry
-                .position
-                .file
-                .as_ref()
-                .and_then(|f| f.mount.as_deref())
-                .and_then(probe_for)
-                .and_then(|p| p.responsive);
-            if responsive == Some(true) {
-                entry.position.condition = Condition::Waiting;
-            }
+    for entry in entries.iter_mut().chain(workers.iter_mut()) {
+        if entry.position.condition == Condition::BlockedInKernel
+            && entry.position.state != 'D'
+            && on_responsive_mount(&entry.position, input)
+        {
+            entry.position.condition = Condition::Waiting;
         }
     }
 
@@ -163,7 +220,21 @@ pub fn roll_call(input: &RollCallInput) -> Verdict {
             }
         }
     }
+    // A worker stuck on a filesystem holds its rank, and so everyone, up: it outranks every other finding but a
+    // rank that is itself blocked in the kernel, next to which it is listed.
+    let stuck_workers: Vec<usize> = (0..workers.len())
+        .filter(|&i| is_stuck_worker(&workers[i], input))
+        .collect();
+    if !stuck_workers.is_empty() && kind != Some(VerdictKind::BlockedInKernel) {
+        kind = Some(VerdictKind::BlockedInKernel);
+        culprit_idx.clear();
+    }
     let kind = kind.unwrap_or(VerdictKind::Unknown);
+    culprit_idx.extend(stuck_workers.iter().map(|&i| entries.len() + i));
+    let n_ranks = entries.len();
+    let mut all = entries;
+    all.extend(workers);
+    let entries = &all[..n_ranks];
 
     let mut filesystems: Vec<FilesystemStatus> = Vec::new();
     for probe in &input.probes {
@@ -183,7 +254,7 @@ pub fn roll_call(input: &RollCallInput) -> Verdict {
 
     let culprits: Vec<Culprit> = culprit_idx
         .iter()
-        .map(|&i| culprit(&entries[i], input, kind))
+        .map(|&i| culprit(&all[i], input, kind))
         .collect();
     let group_list: Vec<Group> = groups
         .iter()
@@ -207,15 +278,16 @@ pub fn roll_call(input: &RollCallInput) -> Verdict {
 
     let summary = summarize(
         kind,
-        &entries,
+        &all,
+        n_ranks,
         &culprit_idx,
         &group_list,
         &filesystems,
         input,
     );
-    let recommendations = recommend(kind, &entries, &culprit_idx, &filesystems, input);
+    let recommendations = recommend(kind, &all, n_ranks, &culprit_idx, &filesystems, input);
     let mut warnings = Vec::new();
-    for entry in &entries {
+    for entry in entries {
         for issue in &entry.process.read_issues {
             warnings.push(format!(
                 "{} (pid {}): {issue}",
@@ -238,7 +310,10 @@ pub fn roll_call(input: &RollCallInput) -> Verdict {
         node: input.node.clone(),
         recommendations,
         warnings,
-        ranks: entries.iter().map(|e| rank_report(e, input)).collect(),
+        ranks: entries
+            .iter()
+            .map(|e| rank_report(e, &all[n_ranks..], input))
+            .collect(),
     }
 }
 
@@ -278,8 +353,28 @@ fn killable(entry: &Entry) -> Option<bool> {
 fn culprit(entry: &Entry, input: &RollCallInput, kind: VerdictKind) -> Culprit {
     let thread = thread_of(entry);
     let file = entry.position.file.as_ref();
+    let worker = entry.process.worker_of.as_ref().map(|w| WorkerRef {
+        pid: entry.process.pid,
+        parent_pid: w.parent_pid,
+        rank_pid: w.rank_pid,
+        role: worker_role(entry.process).unwrap_or_default(),
+        comm: entry.process.comm.clone(),
+    });
+    let reason = match &worker {
+        Some(w) => format!(
+            "its worker pid {} ({}) is {}",
+            w.pid,
+            w.role,
+            reason(entry, kind)
+        ),
+        None => reason(entry, kind),
+    };
     Culprit {
-        rank: entry.process.rank,
+        rank: entry
+            .process
+            .worker_of
+            .as_ref()
+            .map_or(entry.process.rank, |w| w.rank),
         node: node_of(entry, input),
         pid: entry.process.pid,
         tid: entry.position.tid,
@@ -292,11 +387,12 @@ fn culprit(entry: &Entry, input: &RollCallInput, kind: VerdictKind) -> Culprit {
         killable: killable(entry),
         python_stack: entry.position.python_stack.clone(),
         kernel_stack: thread.and_then(|t| t.kernel_stack.clone()),
-        reason: Some(reason(entry, kind)),
+        reason: Some(reason),
         comm: entry.process.comm.clone(),
         tracer_pid: entry.process.tracer_pid.filter(|p| *p != 0),
         sigstop_pending: Some(entry.process.sigstop_pending),
         not_running_for_ms: thread.and_then(|t| t.not_running_for_ms),
+        worker,
     }
 }
 
@@ -363,26 +459,31 @@ fn fs_words(mount: &str, filesystems: &[FilesystemStatus]) -> String {
 
 fn who(entry: &Entry, input: &RollCallInput) -> String {
     let mut parts = Vec::new();
+    parts.extend(worker_role(entry.process));
     if let Some(node) = node_of(entry, input) {
         parts.push(format!("node {node}"));
     }
-    parts.push(format!("pid {}", entry.process.pid));
+    if entry.process.worker_of.is_none() {
+        parts.push(format!("pid {}", entry.process.pid));
+    }
     format!("{} ({})", entry.label(), parts.join(", "))
 }
 
+/// `entries`: the ranks (the first `n_ranks`), then the workers; `culprits` index it.
 fn summarize(
     kind: VerdictKind,
     entries: &[Entry],
+    n_ranks: usize,
     culprits: &[usize],
     groups: &[Group],
     filesystems: &[FilesystemStatus],
     input: &RollCallInput,
 ) -> String {
-    if entries.is_empty() {
+    if n_ranks == 0 {
         return "no rank processes found".to_string();
     }
     let rest = {
-        let culprit_pids: Vec<i32> = culprits.iter().map(|&i| entries[i].process.pid).collect();
+        let culprit_pids: Vec<i32> = culprits.iter().map(|&i| entries[i].rank_pid()).collect();
         let waiting: Vec<&Group> = groups
             .iter()
             .filter(|g| g.pids.iter().all(|p| !culprit_pids.contains(p)))
@@ -435,7 +536,7 @@ fn summarize(
         )),
         (VerdictKind::CollectiveHang, _) => format!(
             "all {} ranks wait in {}: no rank stands out (a collective that never completes, or a peer on another node)",
-            entries.len(),
+            n_ranks,
             groups.first().map(|g| g.where_.as_str()).unwrap_or("the same place")
         ),
         _ => {
@@ -453,6 +554,7 @@ fn summarize(
 fn recommend(
     kind: VerdictKind,
     entries: &[Entry],
+    n_ranks: usize,
     culprits: &[usize],
     filesystems: &[FilesystemStatus],
     input: &RollCallInput,
@@ -485,7 +587,7 @@ fn recommend(
             ));
         }
     }
-    for e in entries {
+    for e in &entries[..n_ranks] {
         if let Some(tracer) = e.process.tracer_pid.filter(|p| *p != 0) {
             out.push(format!(
                 "{} is traced by pid {tracer} (py-spy, strace or gdb): other tools will fail with EPERM until it \
@@ -504,7 +606,24 @@ fn recommend(
     out
 }
 
-fn rank_report(entry: &Entry, input: &RollCallInput) -> RankReport {
+fn worker_report(entry: &Entry) -> WorkerReport {
+    let thread = thread_of(entry);
+    let file = entry.position.file.as_ref();
+    WorkerReport {
+        pid: entry.process.pid,
+        parent_pid: entry.process.worker_of.as_ref().map_or(0, |w| w.parent_pid),
+        comm: entry.process.comm.clone(),
+        state: entry.position.state.to_string(),
+        where_: entry.position.where_.clone(),
+        wchan: thread.and_then(|t| t.wchan.clone()),
+        syscall: entry.position.syscall_name.clone(),
+        path: file.map(|f| f.path.clone()),
+        mount: file.and_then(|f| f.mount.clone()),
+        fstype: file.and_then(|f| f.fstype.clone()),
+    }
+}
+
+fn rank_report(entry: &Entry, workers: &[Entry], input: &RollCallInput) -> RankReport {
     let thread = thread_of(entry);
     let file = entry.position.file.as_ref();
     RankReport {
@@ -532,5 +651,10 @@ fn rank_report(entry: &Entry, input: &RollCallInput) -> RankReport {
         sigstop_pending: Some(entry.process.sigstop_pending),
         python_stack: entry.position.python_stack.clone(),
         threads: entry.process.threads.clone(),
+        workers: workers
+            .iter()
+            .filter(|w| w.rank_pid() == entry.process.pid)
+            .map(worker_report)
+            .collect(),
     }
 }

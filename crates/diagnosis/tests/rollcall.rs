@@ -3,7 +3,7 @@
 use hangwatch_diagnosis::{mounts_to_probe, roll_call, RollCallInput};
 use hangwatch_model::{
     FileRef, ProbeResult, ProcessObservation, PythonFrame, PythonThread, SyscallObservation,
-    ThreadObservation, VerdictKind,
+    ThreadObservation, VerdictKind, WorkerOf,
 };
 use proptest::prelude::*;
 
@@ -413,4 +413,161 @@ fn the_first_rank_to_exit_leads_an_exited_verdict() {
         "{}",
         v.summary
     );
+}
+
+/// A worker of `rank` (pid 2000 + 10 x rank + n): a forked child waiting on its pipe, as a healthy one does.
+fn worker(rank: u32, n: i32) -> ProcessObservation {
+    let pid = 2000 + 10 * rank as i32 + n;
+    ProcessObservation {
+        pid,
+        comm: Some("python3".into()),
+        threads: vec![thread(
+            pid,
+            'S',
+            "pipe_read",
+            in_call("read", 0, "pipe:[55]", "", "pipefs"),
+        )],
+        worker_of: Some(WorkerOf {
+            rank_pid: 1000 + rank as i32,
+            rank: Some(rank),
+            parent_pid: 1000 + rank as i32,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Four ranks in a barrier, two healthy workers each.
+fn ranks_with_workers() -> Vec<ProcessObservation> {
+    let mut procs = ranks(4);
+    for rank in 0..4 {
+        procs.extend([worker(rank, 1), worker(rank, 2)]);
+    }
+    procs
+}
+
+fn stuck_in_read(p: &mut ProcessObservation) {
+    p.threads[0] = thread(
+        p.pid,
+        'D',
+        "percpu_rwsem_wait",
+        in_call("read", 0, "/mnt/x/data.bin", "/mnt/x", "ext4"),
+    );
+}
+
+#[test]
+fn a_worker_in_d_on_a_frozen_mount_names_its_rank_and_the_worker() {
+    let mut procs = ranks_with_workers();
+    // Rank 3 waits for its batch elsewhere than its peers; its worker is stuck reading the dataset.
+    procs[3].python = py(&[("next_batch", "/work/train.py")]);
+    let stuck = procs.iter_mut().find(|p| p.pid == 2031).unwrap();
+    stuck_in_read(stuck);
+    assert_eq!(
+        mounts_to_probe(&procs, WINDOW_MS),
+        vec!["/mnt/x".to_string()]
+    );
+    let v = roll_call(&input(procs, vec![probe("/mnt/x", "ext4", false)]));
+    assert_eq!(v.kind, VerdictKind::BlockedInKernel, "{}", v.summary);
+    assert_eq!(v.culprits.len(), 1, "{:?}", v.culprits);
+    let c = &v.culprits[0];
+    assert_eq!(
+        (c.rank, c.node.as_deref(), c.pid),
+        (Some(3), Some("n1"), 2031)
+    );
+    assert_eq!(
+        (c.state.as_str(), c.syscall.as_deref()),
+        ("D", Some("read"))
+    );
+    assert_eq!(c.path.as_deref(), Some("/mnt/x/data.bin"));
+    assert_eq!(
+        (c.mount.as_deref(), c.fstype.as_deref()),
+        (Some("/mnt/x"), Some("ext4"))
+    );
+    assert_eq!(c.killable, Some(false));
+    let w = c.worker.as_ref().expect("the worker is named");
+    assert_eq!((w.pid, w.rank_pid, w.parent_pid), (2031, 1003, 1003));
+    assert_eq!(w.role, "child of rank 3");
+    assert!(
+        v.summary.starts_with(
+            "rank 3's worker pid 2031 (child of rank 3, node n1) is in uninterruptible sleep (D) in read() on \
+             /mnt/x/data.bin; /mnt/x (ext4) does not respond"
+        ),
+        "{}",
+        v.summary
+    );
+    assert!(
+        v.summary.contains("3 ranks wait in barrier (rank.py)"),
+        "{}",
+        v.summary
+    );
+    // Workers are not ranks: the roll call lists 4 ranks, each with its 2 workers.
+    assert_eq!(v.ranks.len(), 4);
+    assert!(v.ranks.iter().all(|r| r.workers.len() == 2));
+    assert_eq!(v.groups.iter().map(|g| g.pids.len()).sum::<usize>(), 4);
+}
+
+#[test]
+fn a_rank_in_d_leads_and_a_stuck_worker_is_listed_next_to_it() {
+    let mut procs = ranks_with_workers();
+    procs[0].threads[0] = thread(
+        1000,
+        'D',
+        "percpu_rwsem_wait",
+        in_call("write", 1, "/mnt/x/log.txt", "/mnt/x", "ext4"),
+    );
+    stuck_in_read(procs.iter_mut().find(|p| p.pid == 2012).unwrap());
+    let v = roll_call(&input(procs, vec![probe("/mnt/x", "ext4", false)]));
+    assert_eq!(v.kind, VerdictKind::BlockedInKernel);
+    let who: Vec<(Option<u32>, i32)> = v.culprits.iter().map(|c| (c.rank, c.pid)).collect();
+    assert_eq!(who, vec![(Some(0), 1000), (Some(1), 2012)]);
+    assert!(v.culprits[0].worker.is_none());
+    assert!(
+        v.summary.starts_with("rank 0 (node n1, pid 1000)"),
+        "{}",
+        v.summary
+    );
+}
+
+#[test]
+fn exited_and_healthy_workers_are_never_culprits() {
+    let mut procs = ranks_with_workers();
+    for p in procs
+        .iter_mut()
+        .filter(|p| p.worker_of.is_some() && p.pid % 2 == 1)
+    {
+        p.exited = true;
+        p.threads.clear();
+    }
+    let v = roll_call(&input(procs, vec![]));
+    assert_eq!(v.kind, VerdictKind::CollectiveHang, "{}", v.summary);
+    assert!(v.culprits.is_empty());
+    assert!(v.summary.starts_with("all 4 ranks wait"), "{}", v.summary);
+}
+
+#[test]
+fn a_worker_in_a_short_read_of_a_responsive_disk_is_not_a_culprit() {
+    let mut procs = ranks_with_workers();
+    stuck_in_read(procs.iter_mut().find(|p| p.pid == 2021).unwrap());
+    let v = roll_call(&input(procs.clone(), vec![probe("/mnt/x", "ext4", true)]));
+    assert_eq!(v.kind, VerdictKind::CollectiveHang, "{}", v.summary);
+    // It ran during the window (a context switch): moving I/O, not a hang, even with the mount unprobed.
+    let busy = procs.iter_mut().find(|p| p.pid == 2021).unwrap();
+    busy.threads[0].not_running_for_ms = None;
+    let v = roll_call(&input(procs, vec![]));
+    assert_eq!(v.kind, VerdictKind::CollectiveHang, "{}", v.summary);
+}
+
+#[test]
+fn a_dataloader_worker_is_called_so() {
+    let mut procs = ranks_with_workers();
+    let stuck = procs.iter_mut().find(|p| p.pid == 2002).unwrap();
+    stuck_in_read(stuck);
+    stuck.comm = Some("pt_data_worker".into());
+    stuck.worker_of.as_mut().unwrap().parent_pid = 2001;
+    let v = roll_call(&input(procs, vec![probe("/mnt/x", "ext4", false)]));
+    let w = v.culprits[0].worker.as_ref().unwrap();
+    assert_eq!(
+        w.role,
+        "DataLoader worker, descendant of rank 0 (parent pid 2001)"
+    );
+    assert!(v.summary.starts_with("rank 0's worker pid 2002 (DataLoader worker, descendant of rank 0 (parent pid 2001), node n1)"), "{}", v.summary);
 }

@@ -4,4 +4,5 @@
 pub mod child;
 pub mod probe;
 pub mod pystack;
+pub mod ranks;
 pub mod rollcall;

@@ -1,6 +1,9 @@
 //! A roll call of rank processes on this node: two /proc samples, Python stacks and rank identities read in
 //! throwaway children between them, probes of the mounts that stuck ranks use, and the verdict.
 //!
+//! Each rank's descendants (its workers: DataLoader, compile, `multiprocessing` children) are sampled too, by the
+//! same safe /proc reads but without Python stacks, so that a worker stuck on a filesystem can be named.
+//!
 //! Nothing here ptrace-stops a rank or touches a watched filesystem from hangwatch's own threads: /proc entries
 //! read directly are the safe ones (INSPECTION.md); the rest goes through [`crate::pystack`] and the probe children.
 
@@ -8,7 +11,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hangwatch_diagnosis::{mounts_to_probe, roll_call, RollCallInput};
-use hangwatch_model::{ProbeResult, ProcessObservation, Verdict};
+use hangwatch_model::{ProbeResult, ProcId, ProcessObservation, Verdict, WorkerOf};
 use hangwatch_proc::{observe_process, ProcFs, ReadError};
 
 use crate::pystack::{read_python_processes, PythonProcessReport, StackReadOptions};
@@ -46,6 +49,51 @@ pub struct KnownProcess {
     pub exited_at_unix_s: Option<f64>,
 }
 
+/// At most this many workers of one rank are observed (a rank with hundreds of helper processes must not make
+/// the roll call slow); the first found, nearest the rank, are kept.
+pub const MAX_WORKERS_PER_RANK: usize = 64;
+
+/// A descendant of a rank, to observe with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Worker {
+    id: ProcId,
+    rank_pid: i32,
+    parent_pid: i32,
+}
+
+/// The workers of `ranks`: every process below one, owned by the nearest rank above it (a listed pid below
+/// another listed pid is a rank of its own, not a worker).
+fn workers_of(procfs: &ProcFs, ranks: &[i32]) -> Vec<Worker> {
+    let listed: std::collections::HashSet<i32> = ranks.iter().copied().collect();
+    let mut owner: HashMap<i32, i32> = HashMap::new();
+    let mut per_rank: HashMap<i32, usize> = HashMap::new();
+    let mut workers = Vec::new();
+    for stat in procfs.subtree(ranks) {
+        if listed.contains(&stat.pid) {
+            owner.insert(stat.pid, stat.pid);
+            continue;
+        }
+        let Some(&rank_pid) = owner.get(&stat.ppid) else {
+            continue;
+        };
+        owner.insert(stat.pid, rank_pid);
+        let count = per_rank.entry(rank_pid).or_default();
+        if *count >= MAX_WORKERS_PER_RANK {
+            continue;
+        }
+        *count += 1;
+        workers.push(Worker {
+            id: ProcId {
+                pid: stat.pid,
+                start_time: stat.starttime,
+            },
+            rank_pid,
+            parent_pid: stat.ppid,
+        });
+    }
+    workers
+}
+
 /// Observes `pids` and decides, with what the caller already `known`s about them; `probe` probes the named mounts
 /// (the caller owns the prober, so that a stuck probe is not restarted).
 pub fn take_roll_call(
@@ -64,24 +112,43 @@ pub fn take_roll_call(
         std::thread::spawn(move || read_python_processes(&pids, &stack_options))
     });
 
+    let workers = workers_of(procfs, pids);
     let first: Vec<(i32, Result<_, ReadError>)> = pids
         .iter()
-        .map(|&pid| (pid, procfs.sample_process(pid)))
+        .copied()
+        .chain(workers.iter().map(|w| w.id.pid))
+        .map(|pid| (pid, procfs.sample_process(pid)))
         .collect();
     let first_at = Instant::now();
     std::thread::sleep(options.window);
     let elapsed = first_at.elapsed();
 
-    let mut observations = Vec::with_capacity(pids.len());
-    for (pid, first) in first {
+    let mut observations = Vec::with_capacity(first.len());
+    for (i, (pid, first)) in first.into_iter().enumerate() {
+        let worker = i.checked_sub(pids.len()).and_then(|w| workers.get(w));
         let second = procfs.sample_process(pid);
-        let observation = match (first, second) {
+        // A worker's pid reused by another process between the tree walk and a sample: that worker is gone.
+        let reused = |sample: &Result<hangwatch_proc::ProcessSample, ReadError>| {
+            worker.is_some_and(|w| {
+                sample
+                    .as_ref()
+                    .is_ok_and(|s| s.stat.starttime != w.id.start_time)
+            })
+        };
+        let (first, second) = if reused(&first) || reused(&second) {
+            let gone = || Err(ReadError::ProcessExited { pid });
+            (gone(), gone())
+        } else {
+            (first, second)
+        };
+        let mut observation = match (first, second) {
             (Ok(first), Ok(second)) => {
                 let mut resolver = procfs.file_resolver(pid);
                 let mut obs = observe_process(&first, &second, elapsed, clk_tck, |target| {
                     resolver.resolve(target)
                 });
                 obs.read_issues.extend(resolver.issues().iter().cloned());
+                obs.start_time = Some(second.stat.starttime);
                 obs
             }
             (_, Err(e)) | (Err(e), _) if e.is_exited() => ProcessObservation {
@@ -95,6 +162,16 @@ pub fn take_roll_call(
                 ..Default::default()
             },
         };
+        if let Some(w) = worker {
+            observation.start_time = Some(w.id.start_time);
+            observation.worker_of = Some(WorkerOf {
+                rank_pid: w.rank_pid,
+                rank: None,
+                parent_pid: w.parent_pid,
+            });
+            // A worker that exits mid-read is ordinary churn, not a problem with the roll call.
+            observation.read_issues.clear();
+        }
         observations.push(observation);
     }
 
@@ -114,6 +191,9 @@ pub fn take_roll_call(
                 obs.threads.clear();
             }
         }
+        if obs.worker_of.is_some() {
+            continue;
+        }
         if let Some(report) = reports.get(&obs.pid) {
             let env = report.rank_env.as_ref();
             obs.rank = obs.rank.or_else(|| env.and_then(|e| e.rank));
@@ -123,6 +203,17 @@ pub fn take_roll_call(
                 obs.read_issues
                     .extend(report.errors.iter().filter(|e| !is_not_python(e)).cloned());
             }
+        }
+    }
+
+    let rank_of: HashMap<i32, Option<u32>> = observations
+        .iter()
+        .filter(|o| o.worker_of.is_none())
+        .map(|o| (o.pid, o.rank))
+        .collect();
+    for obs in &mut observations {
+        if let Some(w) = obs.worker_of.as_mut() {
+            w.rank = rank_of.get(&w.rank_pid).copied().flatten();
         }
     }
 

@@ -29,6 +29,32 @@ pub struct ProcessObservation {
     /// Reads that failed or timed out while observing this process, in words ("python stack read timed out
     /// after 1s: the process's memory map is locked").
     pub read_issues: Vec<String>,
+    /// Start time after boot in clock ticks (field 22 of /proc/PID/stat): with the pid, the process's identity.
+    #[serde(default)]
+    pub start_time: Option<u64>,
+    /// Set when this process is not a rank but a descendant of one (a DataLoader, compile or `multiprocessing`
+    /// worker): it belongs to that rank and is never a rank itself.
+    #[serde(default)]
+    pub worker_of: Option<WorkerOf>,
+}
+
+/// A process known by its pid and its start time, so that a reused pid is never taken for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ProcId {
+    pub pid: i32,
+    /// Start time after boot, in clock ticks (field 22 of /proc/PID/stat).
+    pub start_time: u64,
+}
+
+/// The rank a worker process belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerOf {
+    /// The rank process (the outermost process carrying `RANK` above the worker).
+    pub rank_pid: i32,
+    /// That rank's number, when known.
+    pub rank: Option<u32>,
+    /// The worker's parent: the rank itself for a direct child.
+    pub parent_pid: i32,
 }
 
 /// One thread of a rank process, sampled twice.

@@ -130,6 +130,39 @@ pub struct Culprit {
     /// How long the stuck thread had not run when observed (no context switch), in milliseconds.
     #[serde(default)]
     pub not_running_for_ms: Option<u64>,
+    /// Set when the stuck process is one of the rank's workers rather than the rank itself: `pid`, `state`,
+    /// `syscall`, `path`, `mount` and `fstype` above are then the worker's, `rank` and `node` the rank's.
+    #[serde(default)]
+    pub worker: Option<WorkerRef>,
+}
+
+/// Which worker of a rank a culprit entry is about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerRef {
+    pub pid: i32,
+    pub parent_pid: i32,
+    /// The rank process it belongs to.
+    pub rank_pid: i32,
+    /// In words: "child of rank 3", "DataLoader worker, child of rank 3", "descendant of rank 3 (parent pid N)".
+    pub role: String,
+    pub comm: Option<String>,
+}
+
+/// One worker of a rank (a descendant process), as the roll call saw it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerReport {
+    pub pid: i32,
+    pub parent_pid: i32,
+    pub comm: Option<String>,
+    /// State letter, `X` when it exited during the roll call.
+    pub state: String,
+    #[serde(rename = "where")]
+    pub where_: String,
+    pub wchan: Option<String>,
+    pub syscall: Option<String>,
+    pub path: Option<String>,
+    pub mount: Option<String>,
+    pub fstype: Option<String>,
 }
 
 /// Ranks that are in the same place.
@@ -191,4 +224,7 @@ pub struct RankReport {
     /// Every thread, as observed.
     #[serde(default)]
     pub threads: Vec<crate::ThreadObservation>,
+    /// The rank's worker processes (its descendants), by the cheap /proc reads only.
+    #[serde(default)]
+    pub workers: Vec<WorkerReport>,
 }

@@ -148,6 +148,14 @@ impl ProcFs {
     /// Direct children of a process, ascending: from `task/*/children` when the kernel has it
     /// (`CONFIG_PROC_CHILDREN`), else by scanning every `/proc/N/stat` for the parent pid.
     pub fn children(&self, pid: i32) -> Result<Vec<i32>, ReadError> {
+        match self.children_from_files(pid)? {
+            Some(children) => Ok(children),
+            None => self.children_by_scan(pid),
+        }
+    }
+
+    /// Children from `task/*/children`; `Ok(None)` when the kernel lacks those files.
+    fn children_from_files(&self, pid: i32) -> Result<Option<Vec<i32>>, ReadError> {
         let mut children = Vec::new();
         for tid in self.list_threads(pid)? {
             let path = self.task_dir(pid, tid).join("children");
@@ -158,14 +166,70 @@ impl ProcFs {
                 ),
                 Err(ReadError::ThreadExited { .. }) => {}
                 Err(ReadError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
-                    return self.children_by_scan(pid);
+                    return Ok(None);
                 }
                 Err(e) => return Err(e),
             }
         }
         children.sort_unstable();
         children.dedup();
-        Ok(children)
+        Ok(Some(children))
+    }
+
+    /// The processes of the trees below `roots` (the roots included), parents before children, each with its
+    /// `stat`: the parent pid is checked there, so a pid reused during the walk is not taken for a child, and
+    /// the start time identifies each process. Processes that exit during the walk are left out. Without
+    /// `task/*/children`, /proc is scanned once in all, not once per process.
+    pub fn subtree(&self, roots: &[i32]) -> Vec<TaskStat> {
+        let mut by_parent: Option<HashMap<i32, Vec<TaskStat>>> = None;
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        let mut queue: VecDeque<TaskStat> =
+            roots.iter().filter_map(|&r| self.stat(r).ok()).collect();
+        while let Some(stat) = queue.pop_front() {
+            if !seen.insert(stat.pid) {
+                continue;
+            }
+            let pid = stat.pid;
+            out.push(stat);
+            if by_parent.is_none() {
+                match self.children_from_files(pid) {
+                    Ok(Some(children)) => {
+                        queue.extend(
+                            children
+                                .into_iter()
+                                .filter_map(|c| self.stat(c).ok())
+                                .filter(|s| s.ppid == pid),
+                        );
+                        continue;
+                    }
+                    Ok(None) => by_parent = Some(self.stats_by_parent()),
+                    Err(_) => continue,
+                }
+            }
+            if let Some(children) = by_parent.as_ref().and_then(|m| m.get(&pid)) {
+                queue.extend(children.iter().cloned());
+            }
+        }
+        out
+    }
+
+    /// Every process's `stat`, by parent pid.
+    fn stats_by_parent(&self) -> HashMap<i32, Vec<TaskStat>> {
+        let mut map: HashMap<i32, Vec<TaskStat>> = HashMap::new();
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return map;
+        };
+        for stat in entries
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter_map(|pid| self.stat(pid).ok())
+        {
+            map.entry(stat.ppid).or_default().push(stat);
+        }
+        for children in map.values_mut() {
+            children.sort_unstable_by_key(|s| s.pid);
+        }
+        map
     }
 
     fn children_by_scan(&self, pid: i32) -> Result<Vec<i32>, ReadError> {

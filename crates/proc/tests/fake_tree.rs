@@ -336,6 +336,31 @@ fn descendants_by_scanning_stat_when_children_files_are_absent() {
     let procfs = ProcFs::new(fake.root());
     assert_eq!(procfs.children(PID).unwrap(), [5000]);
     assert_eq!(procfs.descendants(PID).unwrap(), [5000, 6000]);
+    let subtree: Vec<(i32, i32)> = procfs
+        .subtree(&[PID])
+        .iter()
+        .map(|s| (s.pid, s.ppid))
+        .collect();
+    assert_eq!(subtree, [(PID, 1), (5000, PID), (6000, 5000)]);
+}
+
+#[test]
+fn subtree_has_each_process_stat_and_skips_a_listed_child_whose_parent_is_another() {
+    let fake = FakeProc::new();
+    fake.process(5000, PID, &[5000]);
+    fake.process(6000, 5000, &[6000, 6001]);
+    // A stale entry: 7000 listed as a child of PID, but its stat says its parent is 1 (the pid was reused).
+    fake.process(7000, 1, &[7000]);
+    fake.children(PID, PID, "5000 7000");
+    fake.children(5000, 5000, "6000 ");
+    let procfs = ProcFs::new(fake.root());
+    let subtree: Vec<(i32, i32)> = procfs
+        .subtree(&[PID, 99999])
+        .iter()
+        .map(|s| (s.pid, s.ppid))
+        .collect();
+    assert_eq!(subtree, [(PID, 1), (5000, PID), (6000, 5000)]);
+    assert_eq!(procfs.subtree(&[PID])[1].starttime, 36146);
 }
 
 #[test]

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
+use hangwatch_inspect::ranks::RankFinder;
 use hangwatch_inspect::rollcall::{hostname, is_python, take_roll_call, RollCallOptions};
 use hangwatch_proc::ProcFs;
 
@@ -24,8 +25,9 @@ pub struct Args {
     /// A rank process (repeatable, or comma-separated).
     #[arg(long = "pid", value_delimiter = ',')]
     pids: Vec<i32>,
-    /// A launcher (torchrun, accelerate, deepspeed, srun step): its Python descendants that carry RANK are the
-    /// ranks (all Python descendants when none does).
+    /// A launcher (torchrun, accelerate, deepspeed, srun step): the outermost processes below it that carry RANK
+    /// are the ranks, their descendants (DataLoader workers...) their workers (all Python processes when none
+    /// carries RANK).
     #[arg(long)]
     tree: Option<i32>,
     /// Print the verdict as one JSON document on stdout.
@@ -105,43 +107,27 @@ fn select_pids(procfs: &ProcFs, args: &Args) -> anyhow::Result<Vec<i32>> {
                 "no process with pid {root} to search below (check `ps -p {root}`)"
             )));
         }
-        let mut candidates: Vec<i32> = procfs
-            .descendants(root)
-            .with_context(|| format!("cannot list the processes below pid {root}"))?;
-        candidates.insert(0, root);
-        let python: Vec<i32> = candidates
-            .into_iter()
-            .filter(|&p| is_python(procfs, p))
-            .collect();
-        if python.is_empty() {
-            return Err(usage(format!(
-                "no Python process below pid {root}: is it the launcher of the job (torchrun, srun, python)?"
-            )));
+        let found = RankFinder::new().refresh(procfs, &[root]);
+        if found.ranks.is_empty() {
+            let python: Vec<i32> = procfs
+                .subtree(&[root])
+                .iter()
+                .map(|s| s.pid)
+                .filter(|&p| is_python(procfs, p))
+                .collect();
+            if python.is_empty() {
+                return Err(usage(format!(
+                    "no Python process below pid {root}: is it the launcher of the job (torchrun, srun, python)?"
+                )));
+            }
+            pids.extend(python);
+        } else {
+            pids.extend(found.ranks.iter().map(|r| r.id.pid));
         }
-        let ranked = ranks_among(&python);
-        pids.extend(if ranked.is_empty() { python } else { ranked });
     }
     pids.sort_unstable();
     pids.dedup();
     Ok(pids)
-}
-
-/// The processes among `pids` whose environment has RANK (read in a throwaway child: environ can block).
-fn ranks_among(pids: &[i32]) -> Vec<i32> {
-    let Ok(mut options) = StackReadOptions::for_self() else {
-        return Vec::new();
-    };
-    options.total_timeout = Duration::from_secs(2);
-    let outcome = hangwatch_inspect::pystack::read_environments(pids, &options);
-    pids.iter()
-        .copied()
-        .filter(|p| {
-            outcome
-                .reports
-                .get(p)
-                .is_some_and(|r| r.rank_env.as_ref().is_some_and(|e| e.rank.is_some()))
-        })
-        .collect()
 }
 
 /// Probes each mount in a sacrificial child, different mounts in parallel, each under `timeout`.

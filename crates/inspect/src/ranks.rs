@@ -1,0 +1,385 @@
+//! Finding the ranks below a launcher as the job runs: reads the process tree (safe /proc reads) and the
+//! environments of new Python processes (in throwaway children: `environ` can block), remembers what it learned
+//! by (pid, start time), and applies the pure rule of [`hangwatch_diagnosis::ranks`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use hangwatch_diagnosis::ranks::{find_ranks, EnvFact, TreeNode};
+use hangwatch_model::ProcId;
+use hangwatch_proc::{ProcFs, RankEnv, TaskStat};
+
+use crate::pystack::{read_environments, StackReadOptions};
+use crate::rollcall::is_python;
+
+/// How often an environment that could not be read is tried again before the process is taken for no rank.
+const ENV_ATTEMPTS: u8 = 3;
+
+/// A rank found below the launcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundRank {
+    /// Pid and start time: a later process that reuses the pid is not this rank.
+    pub id: ProcId,
+    pub rank: u32,
+    pub local_rank: Option<u32>,
+    /// Its process group (ranks are signalled by group).
+    pub pgid: i32,
+}
+
+/// What one look at the tree found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Discovery {
+    /// Every rank alive now, in rank order.
+    pub ranks: Vec<FoundRank>,
+    /// Ranks not reported by an earlier look.
+    pub new: Vec<FoundRank>,
+    /// Ranks reported earlier that are gone now (exited, or their pid belongs to another process).
+    pub gone: Vec<FoundRank>,
+    /// Ranks reported earlier that turned out to be launchers (processes below them carry other ranks): they
+    /// are no longer ranks.
+    pub demoted: Vec<FoundRank>,
+    /// Worker processes alive now (descendants of ranks): they belong to their rank, are never ranks.
+    pub workers: usize,
+}
+
+/// Reads a batch of environments; `None` for a process whose environment could not be read.
+pub type EnvReader<'a> = dyn FnMut(&[i32]) -> HashMap<i32, Option<RankEnv>> + 'a;
+
+/// Remembers, across looks, what each process of the tree is.
+#[derive(Debug, Default)]
+pub struct RankFinder {
+    env: HashMap<ProcId, EnvFact>,
+    local_ranks: HashMap<ProcId, u32>,
+    attempts: HashMap<ProcId, u8>,
+    /// Read once without RANK: read again on the next look. A process caught between fork and exec (Popen, the
+    /// launcher starting a rank) still has its parent's environment, and exec keeps pid and start time.
+    recheck: HashSet<ProcId>,
+    known_workers: HashSet<ProcId>,
+    ranks: BTreeMap<ProcId, FoundRank>,
+}
+
+impl RankFinder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Looks at the trees below `roots` (the processes hangwatch started), reading environments in throwaway
+    /// children under a 2 s deadline in all.
+    pub fn refresh(&mut self, procfs: &ProcFs, roots: &[i32]) -> Discovery {
+        let options = StackReadOptions::for_self().ok().map(|mut o| {
+            o.total_timeout = Duration::from_secs(2);
+            o
+        });
+        let mut read = |pids: &[i32]| -> HashMap<i32, Option<RankEnv>> {
+            let Some(options) = &options else {
+                return HashMap::new();
+            };
+            read_environments(pids, options)
+                .reports
+                .into_iter()
+                .map(|(pid, report)| (pid, report.rank_env))
+                .collect()
+        };
+        self.refresh_with(procfs, roots, &mut read)
+    }
+
+    /// [`RankFinder::refresh`] with the environment reader given (tests pass a map).
+    pub fn refresh_with(
+        &mut self,
+        procfs: &ProcFs,
+        roots: &[i32],
+        read_env: &mut EnvReader<'_>,
+    ) -> Discovery {
+        let stats = procfs.subtree(roots);
+        let nodes: Vec<TreeNode> = stats.iter().map(tree_node).collect();
+        let present: HashSet<ProcId> = nodes.iter().map(|n| n.id).collect();
+        self.env.retain(|id, _| present.contains(id));
+        self.attempts.retain(|id, _| present.contains(id));
+        self.local_ranks.retain(|id, _| present.contains(id));
+        self.recheck.retain(|id| present.contains(id));
+        self.known_workers.retain(|id| present.contains(id));
+
+        let owned = self.owned_by_known_ranks(&nodes);
+        let mut to_read = Vec::new();
+        // Not Python now; asked again on every look (cheap), since a fork may yet exec Python.
+        let mut not_python = HashSet::new();
+        for node in &nodes {
+            if self.env.contains_key(&node.id) && !self.recheck.remove(&node.id) {
+                continue;
+            }
+            if is_python(procfs, node.id.pid) {
+                to_read.push(node.id);
+            } else {
+                not_python.insert(node.id);
+            }
+        }
+        if !to_read.is_empty() {
+            let pids: Vec<i32> = to_read.iter().map(|id| id.pid).collect();
+            let found = read_env(&pids);
+            for id in to_read {
+                // The pid may have been reused while its environment was read: keep only what is still true.
+                let same = procfs
+                    .stat(id.pid)
+                    .is_ok_and(|s| s.starttime == id.start_time);
+                match found.get(&id.pid) {
+                    Some(Some(env)) if same => {
+                        let fact = env.rank.map_or(EnvFact::NoRank, EnvFact::Rank);
+                        if fact == EnvFact::NoRank && self.env.insert(id, fact).is_none() {
+                            self.recheck.insert(id);
+                        }
+                        self.env.insert(id, fact);
+                        if let Some(local) = env.local_rank {
+                            self.local_ranks.insert(id, local);
+                        }
+                    }
+                    // Below a known rank a process is a worker whatever it carries; only a launcher with a
+                    // stray RANK is told by its children's values, so one try is enough.
+                    _ if owned.contains(&id) => {
+                        self.env.insert(id, EnvFact::NoRank);
+                    }
+                    _ => {
+                        let tries = self.attempts.entry(id).or_insert(0);
+                        *tries += 1;
+                        if *tries >= ENV_ATTEMPTS {
+                            tracing::warn!(
+                                pid = id.pid,
+                                "cannot read the environment of a process below the launcher; it is not taken for a rank"
+                            );
+                            self.env.insert(id, EnvFact::NoRank);
+                        }
+                    }
+                }
+            }
+        }
+
+        let env = |id: ProcId| match self.env.get(&id) {
+            Some(fact) => *fact,
+            None if not_python.contains(&id) => EnvFact::NoRank,
+            None => EnvFact::Unknown,
+        };
+        let map = find_ranks(&nodes, roots, env, &self.known_workers);
+        self.known_workers.extend(map.workers.iter().map(|w| w.id));
+
+        let pgid_of: HashMap<i32, i32> = stats.iter().map(|s| (s.pid, s.pgrp)).collect();
+        let now: BTreeMap<ProcId, FoundRank> = map
+            .ranks
+            .iter()
+            .map(|r| {
+                let found = FoundRank {
+                    id: r.id,
+                    rank: r.rank,
+                    local_rank: self.local_ranks.get(&r.id).copied(),
+                    pgid: pgid_of.get(&r.id.pid).copied().unwrap_or(r.id.pid),
+                };
+                (r.id, found)
+            })
+            .collect();
+        let mut discovery = Discovery {
+            workers: map.workers.len(),
+            ..Discovery::default()
+        };
+        for (id, found) in &self.ranks {
+            if now.contains_key(id) {
+                continue;
+            }
+            if present.contains(id) {
+                discovery.demoted.push(found.clone());
+            } else {
+                discovery.gone.push(found.clone());
+            }
+        }
+        discovery.new = now
+            .iter()
+            .filter(|(id, _)| !self.ranks.contains_key(id))
+            .map(|(_, f)| f.clone())
+            .collect();
+        discovery.ranks = now.values().cloned().collect();
+        discovery.ranks.sort_by_key(|r| (r.rank, r.id));
+        self.ranks = now;
+        discovery
+    }
+
+    /// Processes below a rank found earlier: workers whatever their environment.
+    fn owned_by_known_ranks(&self, nodes: &[TreeNode]) -> HashSet<ProcId> {
+        let by_pid: HashMap<i32, &TreeNode> = nodes.iter().map(|n| (n.id.pid, n)).collect();
+        let mut owned = HashSet::new();
+        for node in nodes {
+            let mut at = node;
+            // Bounded: a malformed snapshot must not loop.
+            for _ in 0..256 {
+                let Some(parent) = by_pid.get(&at.ppid) else {
+                    break;
+                };
+                if self.ranks.contains_key(&parent.id) || owned.contains(&parent.id) {
+                    owned.insert(node.id);
+                    break;
+                }
+                at = parent;
+            }
+        }
+        owned
+    }
+}
+
+fn tree_node(stat: &TaskStat) -> TreeNode {
+    TreeNode {
+        id: ProcId {
+            pid: stat.pid,
+            start_time: stat.starttime,
+        },
+        ppid: stat.ppid,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::path::Path;
+
+    use super::*;
+
+    /// A fake /proc: each process with `stat`, `exe` and one thread whose `children` lists its children.
+    struct FakeProc {
+        dir: tempfile::TempDir,
+    }
+
+    impl FakeProc {
+        fn new() -> Self {
+            FakeProc {
+                dir: tempfile::tempdir().unwrap(),
+            }
+        }
+
+        fn procfs(&self) -> ProcFs {
+            ProcFs::new(self.dir.path())
+        }
+
+        fn add(&self, pid: i32, ppid: i32, start: u64, exe: &str) {
+            let dir = self.dir.path().join(pid.to_string());
+            let task = dir.join("task").join(pid.to_string());
+            fs::create_dir_all(&task).unwrap();
+            let stat = format!(
+                "{pid} (x) S {ppid} {ppid} 0 0 -1 0 0 0 0 0 1 1 0 0 20 0 1 0 {start} 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 \
+                 0 0 0 0 0 0\n"
+            );
+            fs::write(dir.join("stat"), &stat).unwrap();
+            fs::write(task.join("stat"), &stat).unwrap();
+            fs::write(task.join("children"), "").unwrap();
+            let _ = fs::remove_file(dir.join("exe"));
+            std::os::unix::fs::symlink(exe, dir.join("exe")).unwrap();
+            if let Ok(siblings) = fs::read_to_string(self.children_file(ppid)) {
+                fs::write(self.children_file(ppid), format!("{siblings}{pid} ")).unwrap();
+            }
+        }
+
+        fn remove(&self, pid: i32, ppid: i32) {
+            fs::remove_dir_all(self.dir.path().join(pid.to_string())).unwrap();
+            let file = self.children_file(ppid);
+            if let Ok(text) = fs::read_to_string(&file) {
+                let rest: Vec<&str> = text
+                    .split_whitespace()
+                    .filter(|c| *c != pid.to_string())
+                    .collect();
+                fs::write(
+                    &file,
+                    rest.iter().map(|c| format!("{c} ")).collect::<String>(),
+                )
+                .unwrap();
+            }
+        }
+
+        fn children_file(&self, pid: i32) -> std::path::PathBuf {
+            let p = pid.to_string();
+            Path::new(self.dir.path())
+                .join(&p)
+                .join("task")
+                .join(&p)
+                .join("children")
+        }
+    }
+
+    fn env(rank: Option<u32>) -> Option<RankEnv> {
+        Some(RankEnv {
+            rank,
+            local_rank: rank,
+            ..RankEnv::default()
+        })
+    }
+
+    fn pids(ranks: &[FoundRank]) -> Vec<(i32, u32)> {
+        ranks.iter().map(|r| (r.id.pid, r.rank)).collect()
+    }
+
+    #[test]
+    fn ranks_are_found_workers_are_not_and_a_rank_caught_before_exec_is_found_on_the_next_look() {
+        let fake = FakeProc::new();
+        fake.add(10, 1, 100, "/usr/bin/python3.12");
+        // 20 is rank 0; 30 was just forked by the launcher and has not exec'd yet: it still has no RANK.
+        fake.add(20, 10, 200, "/usr/bin/python3.12");
+        fake.add(21, 20, 210, "/usr/bin/python3.12");
+        fake.add(30, 10, 300, "/usr/bin/python3.12");
+        let mut envs: HashMap<i32, Option<RankEnv>> = HashMap::from([
+            (10, env(None)),
+            (20, env(Some(0))),
+            (21, env(Some(0))),
+            (30, env(None)),
+        ]);
+        let mut finder = RankFinder::new();
+        let mut reads: Vec<Vec<i32>> = Vec::new();
+        let look = |finder: &mut RankFinder,
+                    envs: &HashMap<i32, Option<RankEnv>>,
+                    reads: &mut Vec<Vec<i32>>| {
+            finder.refresh_with(&fake.procfs(), &[10], &mut |p: &[i32]| {
+                reads.push(p.to_vec());
+                p.iter()
+                    .map(|pid| (*pid, envs.get(pid).cloned().flatten()))
+                    .collect()
+            })
+        };
+        let first = look(&mut finder, &envs, &mut reads);
+        assert_eq!(pids(&first.ranks), [(20, 0)]);
+        assert_eq!(pids(&first.new), [(20, 0)]);
+        assert_eq!(first.workers, 1);
+        assert_eq!(first.ranks[0].local_rank, Some(0));
+
+        envs.insert(30, env(Some(1)));
+        let second = look(&mut finder, &envs, &mut reads);
+        assert_eq!(pids(&second.ranks), [(20, 0), (30, 1)]);
+        assert_eq!(pids(&second.new), [(30, 1)]);
+        // Read again: the launcher and 30 (both without RANK the first time); never the worker twice.
+        assert_eq!(reads[1], [10, 30]);
+
+        // The worker exits and a new one comes; rank 1 exits; a process reuses rank 1's pid (another start
+        // time) below the launcher without RANK.
+        fake.remove(21, 20);
+        fake.add(22, 20, 220, "/usr/bin/python3.12");
+        fake.remove(30, 10);
+        fake.add(30, 10, 999, "/bin/sh");
+        let third = look(&mut finder, &envs, &mut reads);
+        assert_eq!(pids(&third.ranks), [(20, 0)]);
+        assert_eq!(pids(&third.gone), [(30, 1)]);
+        assert!(third.new.is_empty());
+        assert_eq!(third.workers, 1);
+    }
+
+    #[test]
+    fn a_rank_found_early_is_demoted_when_other_ranks_appear_below_it() {
+        let fake = FakeProc::new();
+        // torchrun started with a stray RANK=0 in its environment, before it started its ranks.
+        fake.add(10, 1, 100, "/usr/bin/python3.12");
+        let envs = HashMap::from([(10, env(Some(0))), (20, env(Some(0))), (30, env(Some(1)))]);
+        let mut finder = RankFinder::new();
+        let mut read = |p: &[i32]| {
+            p.iter()
+                .map(|pid| (*pid, envs.get(pid).cloned().flatten()))
+                .collect()
+        };
+        let first = finder.refresh_with(&fake.procfs(), &[10], &mut read);
+        assert_eq!(pids(&first.ranks), [(10, 0)]);
+        fake.add(20, 10, 200, "/usr/bin/python3.12");
+        fake.add(30, 10, 300, "/usr/bin/python3.12");
+        let second = finder.refresh_with(&fake.procfs(), &[10], &mut read);
+        assert_eq!(pids(&second.ranks), [(20, 0), (30, 1)]);
+        assert_eq!(pids(&second.demoted), [(10, 0)]);
+    }
+}
