@@ -77,7 +77,9 @@ fn frozen_ext4_names_rank_0_in_write_and_groups_the_other_15() {
     );
 
     let (v, took) = dump(&ranks.pids());
-    assert!(took < Duration::from_secs(2), "dump took {took:?}");
+    // Bounded by its deadlines (1 s stacks, 2 s probe), not a speed target: that is measured by
+    // bench/rollcall_vs_pyspy.py. A dump that waited on the frozen rank would never return.
+    assert!(took < Duration::from_secs(8), "dump took {took:?}");
     assert_eq!(v["kind"], "blocked_in_kernel", "{v:#}");
     let culprits = v["culprits"].as_array().unwrap();
     assert_eq!(culprits.len(), 1, "{v:#}");
