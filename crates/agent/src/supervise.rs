@@ -229,6 +229,7 @@ struct Supervisor {
     termination: Option<TerminationReport>,
     last_discovery: Option<Instant>,
     last_activity_sample: Option<Instant>,
+    last_probe_reap: Option<Instant>,
     activity: HashMap<i32, u64>,
     ranks: Arc<Mutex<RankFinder>>,
     /// A look for ranks is under way in a worker.
@@ -353,6 +354,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         termination: None,
         last_discovery: None,
         last_activity_sample: None,
+        last_probe_reap: None,
         activity: HashMap::new(),
         ranks: Arc::new(Mutex::new(RankFinder::new())),
         discovering: false,
@@ -568,6 +570,7 @@ impl Supervisor {
             if self.tree_mode {
                 self.discover_ranks();
             }
+            self.reap_probes();
             self.sample_activity();
         }
         let stall = match self.detector.check(now) {
@@ -643,6 +646,23 @@ impl Supervisor {
             .map(|p| !p.has_exited())
             .filter(|alive| *alive)
             .count()
+    }
+
+    /// Reaps probe children that were stuck on a frozen filesystem and have returned since (after a thaw), so a
+    /// long job does not collect zombies. Skipped while a roll call holds the prober: the loop never waits.
+    fn reap_probes(&mut self) {
+        if self
+            .last_probe_reap
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.last_probe_reap = Some(Instant::now());
+        if let Ok(mut prober) = self.prober.try_lock() {
+            if let Some(prober) = prober.as_mut() {
+                prober.outstanding();
+            }
+        }
     }
 
     /// Tells the reaper about process groups of the job it does not know yet.

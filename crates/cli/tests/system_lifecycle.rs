@@ -334,3 +334,76 @@ fn collected(from: &Collected) -> String {
     std::thread::sleep(Duration::from_millis(300));
     String::from_utf8_lossy(&lock(from)).into_owned()
 }
+
+#[test]
+fn children_abandoned_on_a_frozen_filesystem_are_reaped_after_the_thaw() {
+    let py = require!(python());
+    let fs = require!(LoopExt4::new(64));
+    let log = fs.path().join("rank0.log");
+    let log_s = log.to_string_lossy().into_owned();
+    let mut run = HangwatchRun::start(
+        &[
+            "--nproc",
+            "2",
+            "--stall-after",
+            "3s",
+            "--action",
+            "observe",
+            "--quiet",
+        ],
+        &rank_job(
+            py,
+            &["--step-time", "0.1", "--log", &log_s, "--only-rank", "0"],
+        ),
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= 3),
+        "rank 0 never logged:\n{}",
+        run.stderr_text()
+    );
+    let frozen = require!(fs.freeze());
+    // The roll call's write probe of the frozen mount is abandoned in D.
+    assert!(
+        run.wait_for_stderr(Duration::from_secs(30), |l| l
+            .contains("uninterruptible sleep")),
+        "no verdict:\n{}",
+        run.stderr_text()
+    );
+    let stuck_children = |pid: u32, state: char| {
+        descendants(pid)
+            .into_iter()
+            .filter(|p| process_state(*p) == Some(state))
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/stat"))
+                    .ok()
+                    .and_then(|s| {
+                        s.rsplit_once(')')?
+                            .1
+                            .split_whitespace()
+                            .nth(1)?
+                            .parse()
+                            .ok()
+                    })
+                    == Some(pid)
+            })
+            .count()
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), POLL, || stuck_children(
+            run.pid(),
+            'D'
+        ) > 0),
+        "expected an abandoned child of hangwatch in D on the frozen mount"
+    );
+    frozen.thaw().expect("thaw");
+    std::thread::sleep(Duration::from_secs(3));
+    let zombies = stuck_children(run.pid(), 'Z');
+    send(run.pid(), Signal::SIGTERM).expect("end the run");
+    let done = run.finish(Duration::from_secs(20));
+    assert_eq!(
+        zombies,
+        0,
+        "children abandoned during the freeze were left as zombies: {}",
+        done.describe()
+    );
+}

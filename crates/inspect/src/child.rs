@@ -34,7 +34,8 @@ pub enum ChildOutcome {
 /// instead of waiting for it.
 #[derive(Debug)]
 pub struct AbandonedChild {
-    child: Child,
+    /// Taken by `Drop` for the orphan reaper.
+    child: Option<Child>,
     /// When the child was started.
     pub started: Instant,
 }
@@ -42,18 +43,71 @@ pub struct AbandonedChild {
 impl AbandonedChild {
     /// Wraps a child that was already sent SIGKILL and will not be waited for.
     pub fn new(child: Child, started: Instant) -> Self {
-        Self { child, started }
+        Self {
+            child: Some(child),
+            started,
+        }
     }
 
     /// The child's pid.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.as_ref().map_or(0, Child::id)
     }
 
     /// Reaps the child if it has exited by now; `true` when it is gone.
     pub fn try_reap(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(Some(_)) | Err(_))
+        match &mut self.child {
+            Some(child) => matches!(child.try_wait(), Ok(Some(_)) | Err(_)),
+            None => true,
+        }
     }
+}
+
+/// Dropped, an abandoned child that has not exited yet goes to the orphan reaper: it is reaped when its call
+/// returns (after a thaw), so a long job does not collect zombies, one per probe or stack read that timed out.
+impl Drop for AbandonedChild {
+    fn drop(&mut self) {
+        if !self.try_reap() {
+            if let Some(child) = self.child.take() {
+                adopt_orphan(child);
+            }
+        }
+    }
+}
+
+/// Children abandoned and not yet exited, polled by one reaper thread.
+static ORPHANS: std::sync::Mutex<Vec<Child>> = std::sync::Mutex::new(Vec::new());
+
+/// How often the orphan reaper looks: a child stuck in D exits only after a thaw, minutes later.
+const ORPHAN_POLL: Duration = Duration::from_millis(500);
+
+/// Hands `child` to the orphan reaper (started on first use). `waitpid` on its pid alone, so it never takes
+/// another waiter's child.
+fn adopt_orphan(child: Child) {
+    static REAPER: std::sync::Once = std::sync::Once::new();
+    ORPHANS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(child);
+    REAPER.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("hw-orphans".into())
+            .spawn(|| loop {
+                std::thread::sleep(ORPHAN_POLL);
+                ORPHANS
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the orphan reaper: abandoned children stay zombies until exit");
+        }
+    });
+}
+
+/// Abandoned children not reaped yet (they are still running, most likely stuck in D).
+pub fn orphans_pending() -> usize {
+    ORPHANS.lock().map_or(0, |o| o.len())
 }
 
 /// Errors starting or talking to a child.
@@ -164,7 +218,7 @@ pub fn run_with_deadline_and_input(
 
     let _ = child.kill();
     Ok(ChildOutcome::TimedOut {
-        child: AbandonedChild { child, started },
+        child: AbandonedChild::new(child, started),
         stdout,
         stderr,
     })
