@@ -73,6 +73,10 @@ pub enum Notice {
     GraceOver {
         signal: i32,
     },
+    /// After the signal only processes blocked in the kernel are left: no grace for them.
+    OnlyStuckLeft {
+        signal: i32,
+    },
     SecondSignal,
     /// Ending the job: SIGTERM, then SIGKILL after the grace period.
     EndingJob {
@@ -107,6 +111,9 @@ pub enum Input {
         failed_rank_for: Option<Duration>,
         /// Any process of the job still alive.
         job_alive: bool,
+        /// Every live process of the job is one the last verdict found blocked in the kernel: nothing left can
+        /// act on a signal, so a grace period would be spent waiting on the unkillable.
+        only_stuck_left: bool,
     },
     /// hangwatch received a signal. `stuck`: the job made no progress for longer than its usual step.
     Signal { signal: i32, stuck: bool },
@@ -216,7 +223,8 @@ impl Policy {
                 stall,
                 failed_rank_for,
                 job_alive,
-            } => self.tick(stall, failed_rank_for, job_alive, now),
+                only_stuck_left,
+            } => self.tick(stall, failed_rank_for, job_alive, only_stuck_left, now),
             Input::Signal { signal, stuck } => self.signal(signal, stuck, now),
             Input::RollCallDone {
                 trigger,
@@ -256,12 +264,20 @@ impl Policy {
         stall: Stall,
         failed_rank_for: Option<Duration>,
         job_alive: bool,
+        only_stuck_left: bool,
         now: Duration,
     ) -> Vec<Action> {
         if !job_alive {
             return self.job_gone(now);
         }
         match self.stage {
+            Stage::Forwarded { signal, .. } if only_stuck_left => {
+                self.stage = Stage::Ending(Ending::Interrupted(signal));
+                return vec![
+                    Action::Say(Notice::OnlyStuckLeft { signal }),
+                    Action::Terminate { kill_now: true },
+                ];
+            }
             Stage::Watching => {}
             Stage::InspectingBeforeSignal { signal, until } if now >= until => {
                 return self.forward(signal, now);
@@ -434,6 +450,7 @@ mod tests {
             stall,
             failed_rank_for: None,
             job_alive: true,
+            only_stuck_left: false,
         }
     }
 
@@ -441,6 +458,7 @@ mod tests {
         stall: Stall::Healthy,
         failed_rank_for: None,
         job_alive: false,
+        only_stuck_left: false,
     };
 
     #[test]
@@ -566,6 +584,7 @@ mod tests {
             stall: Stall::Healthy,
             failed_rank_for: Some(s(for_s)),
             job_alive: true,
+            only_stuck_left: false,
         };
         assert!(p.handle(failed(10.0), s(10.0)).is_empty());
         assert_eq!(
@@ -688,6 +707,39 @@ mod tests {
         assert_eq!(
             p.handle(tick(Stall::Hard), s(15.0)).last(),
             Some(&Action::Terminate { kill_now: true })
+        );
+    }
+
+    #[test]
+    fn no_grace_is_spent_on_processes_blocked_in_the_kernel() {
+        let mut p = policy(OnHang::Abort);
+        p.handle(
+            Input::Signal {
+                signal: 15,
+                stuck: true,
+            },
+            s(1.0),
+        );
+        p.handle(
+            Input::RollCallDone {
+                trigger: Trigger::Signal(15),
+                conclusive: true,
+            },
+            s(2.0),
+        );
+        let only_stuck = Input::Tick {
+            stall: Stall::Hard,
+            failed_rank_for: None,
+            job_alive: true,
+            only_stuck_left: true,
+        };
+        assert_eq!(
+            p.handle(only_stuck, s(2.2)),
+            vec![
+                Action::Say(Notice::OnlyStuckLeft { signal: 15 }),
+                Action::Terminate { kill_now: true }
+            ],
+            "the peers ended; the rank in D cannot: kill now, not after the grace"
         );
     }
 

@@ -141,11 +141,7 @@ impl Reaper {
 
 /// The reaper child's main: reads groups until "done" (exit quietly) or end of input (hangwatch died: sweep).
 pub fn reaper_main(input: impl BufRead, procfs: &ProcFs) {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    // Only the end of the pipe decides; a terminal's or a scheduler's signal meant for hangwatch is not for us.
-    for sig in [SIGHUP, SIGINT, SIGTERM] {
-        let _ = signal_hook::flag::register(sig, std::sync::Arc::default());
-    }
+    // Only the end of the pipe decides (the binary makes its helpers deaf to SIGTERM, SIGINT and SIGHUP).
     let mut groups = Vec::new();
     for line in input.lines() {
         let Ok(line) = line else { break };

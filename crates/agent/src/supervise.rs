@@ -579,11 +579,14 @@ impl Supervisor {
             StallState::Hard { .. } => Stall::Hard,
         };
         let failed_rank_for = self.failed_rank_waiting();
+        let only_stuck_left =
+            job_alive && self.policy.interrupted_by().is_some() && self.only_stuck_left();
         let actions = self.policy.handle(
             Input::Tick {
                 stall,
                 failed_rank_for,
                 job_alive,
+                only_stuck_left,
             },
             now,
         );
@@ -621,6 +624,9 @@ impl Supervisor {
                 "hangwatch: the job did not end within {:.0}s of signal {signal}: killing it",
                 self.config.grace.as_secs_f64()
             ),
+            Notice::OnlyStuckLeft { signal } => format!(
+                "hangwatch: after signal {signal} only processes blocked in the kernel are left: killing them now (they cannot act on it)"
+            ),
             Notice::SecondSignal => "hangwatch: second signal: killing the job now".into(),
             Notice::EndingJob { grace } => format!(
                 "hangwatch: ending the job: SIGTERM, {:.0}s grace, then SIGKILL",
@@ -646,6 +652,40 @@ impl Supervisor {
             .map(|p| !p.has_exited())
             .filter(|alive| *alive)
             .count()
+    }
+
+    /// Processes the last verdict found blocked in the kernel: a culprit in D, or waiting on a filesystem that did
+    /// not answer its probe. They cannot act on SIGTERM until their call returns.
+    fn stuck_pids(&self) -> Vec<i32> {
+        let Some(verdict) = &self.last_verdict else {
+            return Vec::new();
+        };
+        let unresponsive = |mount: &Option<String>| {
+            mount.as_ref().is_some_and(|m| {
+                verdict
+                    .filesystems
+                    .iter()
+                    .any(|f| &f.mount == m && f.responsive == Some(false))
+            })
+        };
+        verdict
+            .culprits
+            .iter()
+            .filter(|c| c.state == "D" || unresponsive(&c.mount))
+            .map(|c| c.pid)
+            .collect()
+    }
+
+    /// Whether every live process of the job is one the verdict found blocked in the kernel.
+    fn only_stuck_left(&mut self) -> bool {
+        let stuck = self.stuck_pids();
+        if stuck.is_empty() {
+            return false;
+        }
+        self.procs
+            .iter_mut()
+            .filter_map(|p| (!p.has_exited()).then_some(p.pid))
+            .all(|pid| stuck.contains(&pid))
     }
 
     /// Reaps probe children that were stuck on a frozen filesystem and have returned since (after a thaw), so a
@@ -954,12 +994,13 @@ impl Supervisor {
             self.config.grace
         };
         let kill_wait = self.config.kill_wait;
+        let stuck = self.stuck_pids();
         let events = self.events.clone();
         let spawned = std::thread::Builder::new()
             .name("hw-terminate".into())
             .spawn(move || {
                 let procfs = ProcFs::new("/proc");
-                let report = terminate(&mut procs, grace, kill_wait, |pid| {
+                let report = terminate(&mut procs, grace, kill_wait, &stuck, |pid| {
                     procfs.stat(pid).ok().map(|s| s.state)
                 });
                 let _ = events.send(Event::Terminated(report));

@@ -61,6 +61,9 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     output::init_tracing(cli.verbose);
+    if is_internal(&cli.command) {
+        deaf_to_job_signals();
+    }
     let name = command_name(&cli.command);
     let result = match cli.command {
         Command::Run(args) => commands::run::run(args),
@@ -79,6 +82,24 @@ fn main() -> ExitCode {
         Command::WriteEvidence(args) => commands::job_children::run_evidence_writer(args),
     };
     exit::finish(result)
+}
+
+/// The children `run` starts for itself (never the job's).
+fn is_internal(command: &Command) -> bool {
+    command_name(command).starts_with("__")
+}
+
+/// A scheduler signals every process of a job step (`scancel`, a time limit: SIGTERM to all, SIGKILL after
+/// KillWait), hangwatch's own helpers included. The helpers must outlive that SIGTERM: the log writer still has
+/// the job's last lines, the evidence writer the verdict. `run` ends them itself (SIGKILL at a deadline, or the
+/// end of their input), so they are deaf to the polite signals.
+fn deaf_to_job_signals() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    for sig in [SIGHUP, SIGINT, SIGTERM] {
+        if let Err(e) = signal_hook::flag::register(sig, std::sync::Arc::default()) {
+            tracing::debug!(signal = sig, error = %e, "cannot ignore a signal in a helper child");
+        }
+    }
 }
 
 fn command_name(command: &Command) -> &'static str {

@@ -493,6 +493,10 @@ fn summarize(
             .take(3)
             .map(|g| {
                 let n = g.pids.len();
+                if g.where_.starts_with("exited") {
+                    let noun = if n == 1 { "rank has" } else { "ranks have" };
+                    return format!("{n} {noun} {}", g.where_);
+                }
                 let noun = if n == 1 { "rank waits" } else { "ranks wait" };
                 format!("{n} {noun} in {}", g.where_)
             })
