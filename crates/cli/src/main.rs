@@ -4,6 +4,7 @@ mod commands;
 mod duration;
 mod exit;
 mod output;
+mod size;
 
 use std::process::ExitCode;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use hangwatch_agent::output::LineSink;
-use hangwatch_logsink::{LinePusher, LogSink, LogSinkOptions, OpenError, WriterCommand};
+use hangwatch_logsink::{LinePusher, LogSink, LogSinkOptions, OpenError, Rotation, WriterCommand};
 
 /// The open log destination.
 pub struct LogHandle {
@@ -22,8 +22,13 @@ impl LineSink for Pusher {
     }
 }
 
-/// Opens `dest` for the job's output; spill files and undelivered lines go under `report_dir` (node-local).
-pub fn open(dest: &Path, report_dir: &Path) -> anyhow::Result<LogHandle> {
+/// Opens `dest` for the job's output, rotated by size when `rotation` is set; spill files and undelivered lines
+/// go under `report_dir` (node-local).
+pub fn open(
+    dest: &Path,
+    report_dir: &Path,
+    rotation: Option<Rotation>,
+) -> anyhow::Result<LogHandle> {
     std::fs::create_dir_all(report_dir).with_context(|| {
         format!(
             "cannot create the report directory {}",
@@ -34,6 +39,7 @@ pub fn open(dest: &Path, report_dir: &Path) -> anyhow::Result<LogHandle> {
         spill_dir: report_dir.to_path_buf(),
         undelivered_path: report_dir.join("log-undelivered.txt"),
         writer: writer_command(),
+        rotation,
         ..LogSinkOptions::default()
     };
     match LogSink::open(dest, options) {

@@ -47,6 +47,13 @@ pub struct Args {
     /// Also write every line of the job's output here (written so that a frozen filesystem never blocks the job).
     #[arg(long)]
     log_file: Option<PathBuf>,
+    /// Rotate the job's log (--log-file, else output.log in the report directory) before it grows past SIZE
+    /// (e.g. 500M, 2G; 0: no cap). Rotated files are LOG.1 (newest) .. LOG.N.
+    #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = crate::size::parse_size)]
+    log_max_size: u64,
+    /// Rotated log files to keep (at least 1 while there is a size cap).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    log_keep: u32,
     /// Evidence and the run's files go here; must be node-local [default: /var/tmp/hangwatch/run-<time>-<pid>].
     #[arg(long)]
     report_dir: Option<PathBuf>,
@@ -122,6 +129,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(url) = &args.webhook {
         parse_webhook(url).map_err(usage)?;
     }
+    let rotation = hangwatch_logsink::Rotation::new(args.log_max_size, args.log_keep)
+        .map_err(|e| usage(format!("--log-keep 0: {e}")))?;
     let report_dir = args.report_dir.clone().unwrap_or_else(default_report_dir);
     std::fs::create_dir_all(&report_dir).map_err(|e| {
         usage(format!(
@@ -132,10 +141,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     warn_if_shared(&report_dir);
 
     let sink = match &args.log_file {
-        Some(path) => Some(crate::commands::log_sink::open(path, &report_dir)?),
+        Some(path) => Some(crate::commands::log_sink::open(
+            path,
+            &report_dir,
+            rotation,
+        )?),
         None => Some(crate::commands::log_sink::open(
             &report_dir.join("output.log"),
             &report_dir,
+            rotation,
         )?),
     };
 
