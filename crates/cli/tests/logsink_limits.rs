@@ -245,7 +245,7 @@ fn spill_stops_at_its_reserve_of_free_space_and_says_what_was_not_kept() {
     let total = 300_000u64; // about 12 MiB: more than memory and the 8 MiB disk together
     for i in 1..=total {
         sink.push(line(i).as_bytes());
-        if i % 20_000 == 0 {
+        if i % 5_000 == 0 {
             // Let the sink's thread keep up, so that what is dropped is dropped for want of disk.
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -347,7 +347,7 @@ fn full_disk_under_spill_and_undelivered_file_is_said_exactly() {
     let total = 300_000u64;
     for i in 1..=total {
         sink.push(line(i).as_bytes());
-        if i % 20_000 == 0 {
+        if i % 5_000 == 0 {
             std::thread::sleep(Duration::from_millis(20));
         }
     }

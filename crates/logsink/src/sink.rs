@@ -418,6 +418,7 @@ impl LogSink {
             next_spill_retry: None,
             seen_dropped: 0,
             seen_dropped_bytes: 0,
+            handoff_dropped: false,
             not_kept: None,
         };
         let thread = std::thread::Builder::new()
@@ -1033,6 +1034,8 @@ struct Feeder {
     /// `dropped` of the ledger when last looked at.
     seen_dropped: u64,
     seen_dropped_bytes: u64,
+    /// The hand-off queue dropped lines since the drops were last noted.
+    handoff_dropped: bool,
     not_kept: Option<NotKept>,
 }
 
@@ -1107,16 +1110,21 @@ impl Feeder {
         self.seen_dropped = c.dropped;
         self.seen_dropped_bytes = c.dropped_bytes;
         let first = self.not_kept.is_none();
-        note_not_kept(&mut self.not_kept, lines, bytes, SystemTime::now(), || {
+        let reason = if std::mem::take(&mut self.handoff_dropped) {
+            HANDOFF_FULL.to_owned()
+        } else {
             self.ledger.drop_reason()
-        });
+        };
         if first {
             error!(
                 dest = %self.dest.display(),
-                reason = %self.ledger.drop_reason(),
+                reason = %reason,
                 "rank output is being dropped: the log destination does not take it and there is no room to keep it"
             );
         }
+        note_not_kept(&mut self.not_kept, lines, bytes, SystemTime::now(), || {
+            reason
+        });
     }
 
     fn take_handoff(&mut self) {
@@ -1125,6 +1133,7 @@ impl Feeder {
             self.ledger.accept(line);
         }
         if dropped > 0 {
+            self.handoff_dropped = true;
             self.ledger
                 .note_dropped(dropped, dropped_bytes, HANDOFF_FULL);
             error!(
