@@ -5,6 +5,7 @@ mod dirs;
 mod duration;
 mod exit;
 mod output;
+mod size;
 
 use std::process::ExitCode;
 

@@ -1,8 +1,8 @@
 //! Python stacks and rank identity, read in throwaway children so that a read that blocks cannot hang hangwatch.
 //!
-//! INSPECTION.md: py-spy's non-blocking reads (`process_vm_readv`) and `PythonSpy::new` (which reads
-//! /proc/PID/maps) can block in D state when a rank holds its mmap lock across a page fault on a frozen mount;
-//! so can reading /proc/PID/environ. The parent ([`read_python_processes`]) therefore starts children
+//! `docs/inspecting-a-stuck-process.md`: py-spy's non-blocking reads (`process_vm_readv`) and `PythonSpy::new`
+//! (which reads /proc/PID/maps) can block in D state when a rank holds its mmap lock across a page fault on a
+//! frozen mount; so can reading /proc/PID/environ. The parent ([`read_python_processes`]) therefore starts children
 //! (`hangwatch __inspect-child --pid ...`) that print one line per finished pid; a child that stops making progress
 //! is abandoned, the pid it was on is reported as "timed out", and the pids after it are read by a new child.
 //! Ranks are never ptrace-stopped: py-spy runs in non-blocking mode.

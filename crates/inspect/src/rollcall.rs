@@ -5,7 +5,8 @@
 //! same safe /proc reads but without Python stacks, so that a worker stuck on a filesystem can be named.
 //!
 //! Nothing here ptrace-stops a rank or touches a watched filesystem from hangwatch's own threads: /proc entries
-//! read directly are the safe ones (INSPECTION.md); the rest goes through [`crate::pystack`] and the probe children.
+//! read directly are the safe ones (`docs/inspecting-a-stuck-process.md`); the rest goes through
+//! [`crate::pystack`] and the probe children.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -59,6 +59,7 @@ pub struct Counts {
     pub spilled_total: u64,
     /// Lines dropped because memory and spill were both full (or the spill failed).
     pub dropped: u64,
+    pub dropped_bytes: u64,
 }
 
 /// An acknowledgement that does not fit what was sent: the writer and the sink disagree (a bug).
@@ -92,8 +93,12 @@ pub struct Ledger<S> {
     queued: VecDeque<Line>,
     queued_bytes: usize,
     dropped: u64,
-    /// Lines dropped since the last accepted one; a marker line says so before the next line.
+    dropped_bytes: u64,
+    /// Lines (and bytes) dropped since the last accepted one; a marker line says so before the next line.
     unmarked_drops: u64,
+    unmarked_drop_bytes: u64,
+    /// Why the unmarked lines were dropped (the first reason of the run).
+    unmarked_reason: Option<String>,
 }
 
 impl<S: SpillStore> Ledger<S> {
@@ -117,7 +122,10 @@ impl<S: SpillStore> Ledger<S> {
             queued: VecDeque::new(),
             queued_bytes: 0,
             dropped: 0,
+            dropped_bytes: 0,
             unmarked_drops: 0,
+            unmarked_drop_bytes: 0,
+            unmarked_reason: None,
         }
     }
 
@@ -132,21 +140,53 @@ impl<S: SpillStore> Ledger<S> {
             return;
         }
         if self.must_drop(bytes.len()) {
-            self.note_dropped(1);
+            let reason = self.drop_reason();
+            self.note_dropped(1, bytes.len() as u64, &reason);
             return;
         }
         if self.unmarked_drops > 0 {
-            let marker = drop_marker(self.unmarked_drops);
+            let reason = self.unmarked_reason.take().unwrap_or_default();
+            let marker = drop_marker(self.unmarked_drops, self.unmarked_drop_bytes, &reason);
             self.unmarked_drops = 0;
+            self.unmarked_drop_bytes = 0;
             self.enqueue(marker);
         }
         self.enqueue(bytes);
     }
 
-    /// Counts lines dropped before they reached the ledger (the sink's hand-off queue was full).
-    pub fn note_dropped(&mut self, lines: u64) {
+    /// Counts dropped lines (also those dropped before they reached the ledger: the sink's hand-off queue was
+    /// full); the marker before the next kept line gives the first `reason`.
+    pub fn note_dropped(&mut self, lines: u64, bytes: u64, reason: &str) {
+        if lines == 0 {
+            return;
+        }
         self.dropped += lines;
+        self.dropped_bytes += bytes;
         self.unmarked_drops += lines;
+        self.unmarked_drop_bytes += bytes;
+        if self.unmarked_reason.is_none() {
+            self.unmarked_reason = Some(reason.to_owned());
+        }
+    }
+
+    /// Why a line that does not fit in memory cannot be kept now.
+    pub fn drop_reason(&self) -> String {
+        match &self.spill_error {
+            Some(e) => format!("memory is full and spilling stopped: {e}"),
+            None => format!(
+                "memory and the spill limit ({}) are full",
+                crate::human_bytes(self.limits.spill)
+            ),
+        }
+    }
+
+    /// Lets the next [`Ledger::rebalance`] try the spill again after an error, once the spill holds nothing (with
+    /// lines still in it, the error clears when they have been read back). The sink calls it now and then: free
+    /// space may have come back.
+    pub fn retry_spill(&mut self) {
+        if self.spilled == 0 {
+            self.spill_error = None;
+        }
     }
 
     fn enqueue(&mut self, bytes: Vec<u8>) {
@@ -336,6 +376,7 @@ impl<S: SpillStore> Ledger<S> {
             spilled_bytes: self.spilled_bytes,
             spilled_total: self.spilled_total,
             dropped: self.dropped,
+            dropped_bytes: self.dropped_bytes,
         }
     }
 
@@ -410,10 +451,10 @@ pub enum DrainError {
 }
 
 /// The line that stands where lines were dropped.
-pub fn drop_marker(lines: u64) -> Vec<u8> {
+pub fn drop_marker(lines: u64, bytes: u64, reason: &str) -> Vec<u8> {
     format!(
-        "[hangwatch] {lines} log line(s) dropped here: the log destination did not take them and the memory and \
-         spill limits were full\n"
+        "[hangwatch] {lines} log line(s) ({}) dropped here: the log destination did not take them and {reason}\n",
+        crate::human_bytes(bytes)
     )
     .into_bytes()
 }
@@ -576,7 +617,12 @@ mod tests {
         })
         .unwrap();
         assert_eq!(rest.len(), 2, "{rest:?}");
-        assert!(rest[0].contains("2 log line(s) dropped"), "{rest:?}");
+        assert!(
+            rest[0].contains("2 log line(s) (14 B) dropped here")
+                && rest[0].contains("spill limit (40 B)"),
+            "{rest:?}"
+        );
+        assert_eq!(c.dropped_bytes, 14);
         assert_eq!(rest[1], "after\n");
     }
 
@@ -618,6 +664,39 @@ mod tests {
         })
         .unwrap();
         assert_eq!(seqs, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn spill_that_failed_is_tried_again_and_the_marker_says_why_lines_were_lost() {
+        let mut l = ledger(14, 1 << 20);
+        l.accept(line(1));
+        l.accept(line(2));
+        l.accept(line(3));
+        l.spill.fail_next_append = true;
+        l.rebalance();
+        l.accept(line(4));
+        assert_eq!(l.counts().dropped, 1);
+        l.retry_spill();
+        assert_eq!(l.spill_error(), None);
+        l.rebalance();
+        assert!(l.counts().spilled > 0, "{:?}", l.counts());
+        l.accept(line(5));
+        let mut text = Vec::new();
+        l.drain_unacked(|line| {
+            text.push(String::from_utf8(line.bytes.clone()).unwrap());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            text[..3],
+            [line(1), line(2), line(3)].map(|b| String::from_utf8(b).unwrap())
+        );
+        assert!(
+            text[3].contains("1 log line(s) (7 B) dropped here")
+                && text[3].contains("spilling stopped: disk full"),
+            "{text:?}"
+        );
+        assert_eq!(text[4], "line 5\n");
     }
 
     #[test]

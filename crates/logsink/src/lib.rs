@@ -17,11 +17,17 @@
 
 pub mod ledger;
 pub mod protocol;
+pub mod rotate;
 mod sink;
 pub mod spill;
+mod text;
 pub mod writer;
 
+pub use rotate::Rotation;
+pub use spill::SpillReserve;
+pub use text::{human_bytes, utc_time};
+
 pub use sink::{
-    FinishReport, LinePusher, LogSink, LogSinkOptions, OpenError, SinkStats, Undelivered,
+    FinishReport, LinePusher, LogSink, LogSinkOptions, NotKept, OpenError, SinkStats, Undelivered,
     WriterCommand,
 };

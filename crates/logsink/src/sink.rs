@@ -23,7 +23,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
@@ -32,7 +32,8 @@ use tracing::{debug, error, warn};
 
 use crate::ledger::{Counts, Ledger, Limits};
 use crate::protocol::WriterMessage;
-use crate::spill::FileSpill;
+use crate::rotate::Rotation;
+use crate::spill::{FileSpill, SpillReserve};
 
 /// Records waiting to be written into the pipe at most (the pipe itself holds [`PIPE_SIZE`] more).
 const WIRE_BUDGET: usize = 256 << 10;
@@ -43,8 +44,11 @@ const PIPE_SIZE: usize = 1 << 20;
 const TICK: Duration = Duration::from_secs(1);
 /// The hand-off queue between `push` and the feeder holds at least this much before it drops.
 const MIN_HANDOFF: usize = 8 << 20;
+/// After the spill failed (its disk full, below its reserve), how often to try it again.
+const SPILL_RETRY: Duration = Duration::from_secs(5);
 
-/// How to start the writer child; the destination is appended as `--dest PATH`.
+/// How to start the writer child; the destination is appended as `--dest PATH` (and the size cap as
+/// `--max-size BYTES --keep N`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriterCommand {
     pub program: PathBuf,
@@ -72,9 +76,15 @@ impl WriterCommand {
         }
     }
 
-    fn command(&self, dest: &Path) -> Command {
+    fn command(&self, dest: &Path, rotation: Option<Rotation>) -> Command {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args).arg("--dest").arg(dest);
+        if let Some(r) = rotation {
+            cmd.arg("--max-size")
+                .arg(r.max_size.to_string())
+                .arg("--keep")
+                .arg(r.keep.to_string());
+        }
         cmd
     }
 }
@@ -90,6 +100,11 @@ pub struct LogSinkOptions {
     pub memory_limit: usize,
     /// Bytes the spill file may hold before new lines are dropped (counted, and marked in the log).
     pub spill_limit: u64,
+    /// Free space the spill never takes from its filesystem.
+    pub spill_reserve: SpillReserve,
+    /// Size cap of the destination, rotated by the writer child; `None`: it grows without limit (and is never
+    /// renamed: hangwatch's own stdout, `/proc/self/fd/1`, cannot be).
+    pub rotation: Option<Rotation>,
     /// Lines pending with no acknowledgement for this long: the destination counts as stalled.
     pub stall_after: Duration,
     /// How long `open` waits for the writer to open the destination (a frozen one does not answer; then `open`
@@ -117,6 +132,8 @@ impl Default for LogSinkOptions {
             spill_dir: tmp,
             memory_limit: 64 << 20,
             spill_limit: 4 << 30,
+            spill_reserve: SpillReserve::default(),
+            rotation: None,
             stall_after: Duration::from_secs(2),
             ready_timeout: Duration::from_secs(2),
             retry_after: Duration::from_secs(10),
@@ -175,6 +192,9 @@ pub struct SinkStats {
     pub spilled_total_lines: u64,
     /// Lost because memory and spill were full: the only way the sink loses a line.
     pub dropped_lines: u64,
+    pub dropped_bytes: u64,
+    /// When and why lines were dropped, once any were.
+    pub not_kept: Option<NotKept>,
     /// Since when lines wait with no acknowledgement, once that lasts longer than `stall_after`.
     pub stalled_since: Option<Instant>,
     pub writer_restarts: u32,
@@ -192,14 +212,39 @@ impl SinkStats {
     }
 }
 
+/// Lines the sink dropped: how many, between which times (when the sink saw them), and why (the first reason).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotKept {
+    pub lines: u64,
+    pub bytes: u64,
+    pub first: SystemTime,
+    pub last: SystemTime,
+    pub reason: String,
+}
+
+impl NotKept {
+    /// `N lines / B of rank output from T1 to T2 were not kept: REASON`.
+    pub fn message(&self) -> String {
+        format!(
+            "{} lines / {} of rank output from {} to {} were not kept: {}",
+            self.lines,
+            crate::human_bytes(self.bytes),
+            crate::utc_time(self.first),
+            crate::utc_time(self.last),
+            self.reason
+        )
+    }
+}
+
 /// Lines the sink could not deliver before `finish` gave up, and where they went instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Undelivered {
     pub lines: u64,
     pub bytes: u64,
     pub path: PathBuf,
-    /// Lines that made it into `path` (all of them unless `save_error` is set).
+    /// Lines (and their bytes) that are completely in `path`: all of them unless `save_error` is set.
     pub saved_lines: u64,
+    pub saved_bytes: u64,
     pub save_error: Option<String>,
 }
 
@@ -215,6 +260,7 @@ pub struct FinishReport {
     pub pushed_lines: u64,
     pub written_lines: u64,
     pub dropped_lines: u64,
+    pub not_kept: Option<NotKept>,
     pub undelivered: Option<Undelivered>,
     pub writer_error: Option<String>,
     /// The writer that was still stuck, killed and left behind (it exits when its `write()` returns).
@@ -240,17 +286,27 @@ impl FinishReport {
             let file = u.path.display();
             parts.push(match &u.save_error {
                 None => format!("{} lines could not be written to {dest} ({why}); they are in {file}", u.lines),
+                Some(e) if u.saved_lines == 0 => format!(
+                    "{} lines could not be written to {dest} ({why}), nor saved to {file}: all {} lines / {} of rank \
+                     output were not kept: {e}",
+                    u.lines,
+                    u.lines,
+                    crate::human_bytes(u.bytes)
+                ),
                 Some(e) => format!(
-                    "{} lines could not be written to {dest} ({why}); saving them to {file} failed after {} lines: {e}",
-                    u.lines, u.saved_lines
+                    "{} lines could not be written to {dest} ({why}); only the first {} are in {file}: the other {} \
+                     lines / {} of rank output were not kept: {e}",
+                    u.lines,
+                    u.saved_lines,
+                    u.lines - u.saved_lines,
+                    crate::human_bytes(u.bytes.saturating_sub(u.saved_bytes))
                 ),
             });
         }
-        if self.dropped_lines > 0 {
-            parts.push(format!(
-                "{} log lines were dropped because the memory and spill limits were full",
-                self.dropped_lines
-            ));
+        if let Some(n) = &self.not_kept {
+            parts.push(n.message());
+        } else if self.dropped_lines > 0 {
+            parts.push(format!("{} log lines were not kept", self.dropped_lines));
         }
         (!parts.is_empty()).then(|| parts.join("; "))
     }
@@ -299,9 +355,11 @@ impl LogSink {
         if options.private_dest {
             command.args.push("--private".into());
         }
-        let mut writer = Writer::spawn(&command, dest, 0).map_err(|source| OpenError::Spawn {
-            program: command.program.clone(),
-            source,
+        let mut writer = Writer::spawn(&command, dest, options.rotation, 0).map_err(|source| {
+            OpenError::Spawn {
+                program: command.program.clone(),
+                source,
+            }
         })?;
         match writer.wait_ready(options.ready_timeout) {
             Ready::Yes => {}
@@ -346,7 +404,7 @@ impl LogSink {
         let feeder = Feeder {
             shared: Arc::clone(&shared),
             ledger: Ledger::new(
-                FileSpill::new(&options.spill_dir),
+                FileSpill::new(&options.spill_dir, options.spill_reserve),
                 Limits {
                     memory: options.memory_limit,
                     spill: options.spill_limit,
@@ -354,6 +412,7 @@ impl LogSink {
             ),
             command,
             dest: dest.to_owned(),
+            rotation: options.rotation,
             writer: Some(writer),
             abandoned: Vec::new(),
             retry_after: options.retry_after,
@@ -364,6 +423,11 @@ impl LogSink {
             last_progress: Instant::now(),
             was_idle: true,
             finish_retry_done: false,
+            next_spill_retry: None,
+            seen_dropped: 0,
+            seen_dropped_bytes: 0,
+            handoff_dropped: false,
+            not_kept: None,
         };
         let thread = std::thread::Builder::new()
             .name("hangwatch-logsink".into())
@@ -441,6 +505,7 @@ impl LogSink {
                 pushed_lines: stats.pushed_lines,
                 written_lines: stats.written_lines,
                 dropped_lines: stats.dropped_lines + stats.pending_lines(),
+                not_kept: stats.not_kept,
                 undelivered: None,
                 writer_error: Some("the log sink's thread panicked".into()),
                 abandoned_writer_pid: None,
@@ -452,17 +517,30 @@ impl LogSink {
             writer,
             mut abandoned,
             error,
+            mut not_kept,
         } = exit;
-        let (late, late_dropped) = self.shared.take_handoff();
+        let dropped_before = ledger.counts();
+        let (late, late_dropped, late_dropped_bytes) = self.shared.take_handoff();
         for line in late {
             ledger.accept(line);
         }
-        ledger.note_dropped(late_dropped);
+        ledger.note_dropped(late_dropped, late_dropped_bytes, HANDOFF_FULL);
+        let after = ledger.counts();
+        if after.dropped > dropped_before.dropped {
+            note_not_kept(
+                &mut not_kept,
+                after.dropped - dropped_before.dropped,
+                after.dropped_bytes - dropped_before.dropped_bytes,
+                SystemTime::now(),
+                || ledger.drop_reason(),
+            );
+        }
 
         let undelivered = (!ledger.is_idle()).then(|| {
-            let lines_before = ledger.counts();
-            let lines = lines_before.accepted - lines_before.acked;
-            save_undelivered(&mut ledger, &self.undelivered_path, lines)
+            let c = ledger.counts();
+            let lines = c.in_flight + c.spilled + c.queued;
+            let bytes = c.in_flight_bytes + c.spilled_bytes + c.queued_bytes;
+            save_undelivered(&mut ledger, &self.undelivered_path, lines, bytes)
         });
         let mut abandoned_writer_pid = None;
         if let Some(mut w) = writer {
@@ -486,6 +564,7 @@ impl LogSink {
             pushed_lines: stats.pushed_lines,
             written_lines: counts.acked,
             dropped_lines: counts.dropped,
+            not_kept,
             undelivered,
             writer_error: error,
             abandoned_writer_pid,
@@ -506,12 +585,52 @@ impl Drop for LogSink {
     }
 }
 
-fn save_undelivered(ledger: &mut Ledger<FileSpill>, path: &Path, lines: u64) -> Undelivered {
+/// Why lines were dropped before they reached the ledger.
+const HANDOFF_FULL: &str = "the log sink's hand-off queue was full (its thread could not keep up)";
+
+/// Adds dropped lines to what is said about them; the first reason is the one kept.
+fn note_not_kept(
+    not_kept: &mut Option<NotKept>,
+    lines: u64,
+    bytes: u64,
+    now: SystemTime,
+    reason: impl FnOnce() -> String,
+) {
+    match not_kept {
+        Some(n) => {
+            n.lines += lines;
+            n.bytes += bytes;
+            n.last = now;
+        }
+        None => {
+            *not_kept = Some(NotKept {
+                lines,
+                bytes,
+                first: now,
+                last: now,
+                reason: reason(),
+            })
+        }
+    }
+}
+
+/// Bytes of undelivered lines written to their file per `write()`.
+const SAVE_CHUNK: usize = 1 << 20;
+
+/// Writes every unacknowledged line to `path`, counting exactly the lines that are completely in it: on a full
+/// disk the file is cut back to the last whole line and the rest is counted as not kept.
+fn save_undelivered(
+    ledger: &mut Ledger<FileSpill>,
+    path: &Path,
+    lines: u64,
+    bytes: u64,
+) -> Undelivered {
     let mut undelivered = Undelivered {
         lines,
-        bytes: 0,
+        bytes,
         path: path.to_owned(),
         saved_lines: 0,
+        saved_bytes: 0,
         save_error: None,
     };
     // 0600 and never through a planted symlink: the lines are the job's output.
@@ -523,24 +642,86 @@ fn save_undelivered(ledger: &mut Ledger<FileSpill>, path: &Path, lines: u64) -> 
             return undelivered;
         }
     };
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    let drained = ledger.drain_unacked(|line| out.write_all(&line.bytes));
+    let mut out = SaveFile {
+        file,
+        buf: Vec::with_capacity(SAVE_CHUNK),
+        ends: Vec::new(),
+        saved_lines: 0,
+        saved_bytes: 0,
+    };
+    let drained = ledger.drain_unacked(|line| out.push(&line.bytes));
     let flushed = out.flush();
+    undelivered.saved_lines = out.saved_lines;
+    undelivered.saved_bytes = out.saved_bytes;
     match (drained, flushed) {
-        (Ok((n, bytes)), Ok(())) => {
-            undelivered.saved_lines = n;
-            undelivered.bytes = bytes;
-        }
+        (Ok(_), Ok(())) => {}
         (Ok(_), Err(e)) => undelivered.save_error = Some(e.to_string()),
-        (Err(e), _) => {
-            undelivered.save_error = Some(crate::writer::error_chain(&e));
-            undelivered.saved_lines = match e {
-                crate::ledger::DrainError::Output { lines, .. }
-                | crate::ledger::DrainError::Spill { lines, .. } => lines,
-            };
+        (Err(e), flushed) => {
+            undelivered.save_error = Some(match flushed {
+                Err(f) if matches!(e, crate::ledger::DrainError::Spill { .. }) => {
+                    format!("{}; then: {f}", crate::writer::error_chain(&e))
+                }
+                _ => match &e {
+                    crate::ledger::DrainError::Output { source, .. } => source.to_string(),
+                    crate::ledger::DrainError::Spill { .. } => crate::writer::error_chain(&e),
+                },
+            });
         }
     }
+    if undelivered.save_error.is_some() {
+        // A line cut by the full disk would read as a whole one: the file ends at the last complete line.
+        let _ = out.file.set_len(out.saved_bytes);
+    }
     undelivered
+}
+
+/// The undelivered file while it is written: whole lines counted as they reach the disk.
+struct SaveFile {
+    file: std::fs::File,
+    buf: Vec<u8>,
+    /// End offset in `buf` of each line in it.
+    ends: Vec<usize>,
+    saved_lines: u64,
+    saved_bytes: u64,
+}
+
+impl SaveFile {
+    fn push(&mut self, line: &[u8]) -> std::io::Result<()> {
+        if !self.buf.is_empty() && self.buf.len() + line.len() > SAVE_CHUNK {
+            self.flush()?;
+        }
+        self.buf.extend_from_slice(line);
+        self.ends.push(self.buf.len());
+        if self.buf.len() >= SAVE_CHUNK {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let mut written = 0;
+        let result = loop {
+            if written == self.buf.len() {
+                break Ok(());
+            }
+            match self.file.write(&self.buf[written..]) {
+                Ok(0) => break Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        let whole = self.ends.partition_point(|&end| end <= written);
+        self.saved_lines += whole as u64;
+        self.saved_bytes += if whole == 0 {
+            0
+        } else {
+            self.ends[whole - 1] as u64
+        };
+        self.buf.clear();
+        self.ends.clear();
+        result
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -556,6 +737,7 @@ struct Handoff {
     /// Dropped since the feeder last took the queue; once one line is dropped, the rest of the batch is too, so
     /// that the gap is one run at its end.
     dropped: u64,
+    dropped_bytes: u64,
 }
 
 /// What the feeder last reported, for `stats` on other threads.
@@ -568,6 +750,7 @@ struct Published {
     error: Option<String>,
     spill_error: Option<String>,
     writer_pid: Option<u32>,
+    not_kept: Option<NotKept>,
 }
 
 impl Published {
@@ -580,6 +763,7 @@ impl Published {
             error: None,
             spill_error: None,
             writer_pid: None,
+            not_kept: None,
         }
     }
 }
@@ -608,6 +792,7 @@ impl Shared {
             h.pushed_bytes += line.len() as u64;
             if h.dropped > 0 || (h.bytes > 0 && h.bytes + line.len() > self.handoff_limit) {
                 h.dropped += 1;
+                h.dropped_bytes += line.len() as u64;
                 return;
             }
             h.bytes += line.len();
@@ -622,15 +807,23 @@ impl Shared {
         }
     }
 
-    fn take_handoff(&self) -> (VecDeque<Vec<u8>>, u64) {
+    fn take_handoff(&self) -> (VecDeque<Vec<u8>>, u64, u64) {
         let mut h = lock(&self.handoff);
         h.bytes = 0;
         let dropped = std::mem::take(&mut h.dropped);
-        (std::mem::take(&mut h.lines), dropped)
+        let dropped_bytes = std::mem::take(&mut h.dropped_bytes);
+        (std::mem::take(&mut h.lines), dropped, dropped_bytes)
     }
 
     fn stats(&self, now: Instant) -> SinkStats {
-        let (pushed_lines, pushed_bytes, handoff_lines, handoff_bytes, handoff_dropped) = {
+        let (
+            pushed_lines,
+            pushed_bytes,
+            handoff_lines,
+            handoff_bytes,
+            handoff_dropped,
+            handoff_dropped_bytes,
+        ) = {
             let h = lock(&self.handoff);
             (
                 h.pushed_lines,
@@ -638,6 +831,7 @@ impl Shared {
                 h.lines.len() as u64,
                 h.bytes as u64,
                 h.dropped,
+                h.dropped_bytes,
             )
         };
         let p = lock(&self.published);
@@ -654,6 +848,8 @@ impl Shared {
             spilled_bytes: c.spilled_bytes,
             spilled_total_lines: c.spilled_total,
             dropped_lines: c.dropped + handoff_dropped,
+            dropped_bytes: c.dropped_bytes + handoff_dropped_bytes,
+            not_kept: p.not_kept.clone(),
             stalled_since: stalled.then_some(p.last_progress),
             writer_restarts: p.restarts,
             writer_error: p.error.clone(),
@@ -682,8 +878,13 @@ struct Writer {
 }
 
 impl Writer {
-    fn spawn(command: &WriterCommand, dest: &Path, acked: u64) -> std::io::Result<Writer> {
-        let mut cmd = command.command(dest);
+    fn spawn(
+        command: &WriterCommand,
+        dest: &Path,
+        rotation: Option<Rotation>,
+        acked: u64,
+    ) -> std::io::Result<Writer> {
+        let mut cmd = command.command(dest, rotation);
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -816,6 +1017,7 @@ struct FeederExit {
     writer: Option<Writer>,
     abandoned: Vec<Child>,
     error: Option<String>,
+    not_kept: Option<NotKept>,
 }
 
 /// The sink's thread: moves lines from the hand-off queue into the ledger, spills, writes to the writer's pipe,
@@ -825,6 +1027,7 @@ struct Feeder {
     ledger: Ledger<FileSpill>,
     command: WriterCommand,
     dest: PathBuf,
+    rotation: Option<Rotation>,
     writer: Option<Writer>,
     /// Writers that were killed while possibly stuck; reaped when they are gone.
     abandoned: Vec<Child>,
@@ -836,6 +1039,14 @@ struct Feeder {
     last_progress: Instant,
     was_idle: bool,
     finish_retry_done: bool,
+    /// When to try the spill again after it failed.
+    next_spill_retry: Option<Instant>,
+    /// `dropped` of the ledger when last looked at.
+    seen_dropped: u64,
+    seen_dropped_bytes: u64,
+    /// The hand-off queue dropped lines since the drops were last noted.
+    handoff_dropped: bool,
+    not_kept: Option<NotKept>,
 }
 
 impl Feeder {
@@ -847,7 +1058,9 @@ impl Feeder {
                 break;
             }
             let now = Instant::now();
+            self.retry_spill(now);
             self.ledger.rebalance();
+            self.note_drops();
             let idle = self.ledger.is_idle();
             if self.was_idle && !idle {
                 self.last_progress = now;
@@ -877,16 +1090,62 @@ impl Feeder {
             writer: self.writer,
             abandoned: self.abandoned,
             error: self.error,
+            not_kept: self.not_kept,
         }
     }
 
+    fn retry_spill(&mut self, now: Instant) {
+        if self.ledger.spill_error().is_none() {
+            self.next_spill_retry = None;
+            return;
+        }
+        match self.next_spill_retry {
+            None => self.next_spill_retry = Some(now + SPILL_RETRY),
+            Some(at) if now >= at => {
+                self.next_spill_retry = Some(now + SPILL_RETRY);
+                self.ledger.retry_spill();
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Says when lines start being dropped (once per episode) and keeps what the final report says of them.
+    fn note_drops(&mut self) {
+        let c = self.ledger.counts();
+        if c.dropped == self.seen_dropped {
+            return;
+        }
+        let lines = c.dropped - self.seen_dropped;
+        let bytes = c.dropped_bytes - self.seen_dropped_bytes;
+        self.seen_dropped = c.dropped;
+        self.seen_dropped_bytes = c.dropped_bytes;
+        let first = self.not_kept.is_none();
+        let reason = if std::mem::take(&mut self.handoff_dropped) {
+            HANDOFF_FULL.to_owned()
+        } else {
+            self.ledger.drop_reason()
+        };
+        if first {
+            error!(
+                dest = %self.dest.display(),
+                reason = %reason,
+                "rank output is being dropped: the log destination does not take it and there is no room to keep it"
+            );
+        }
+        note_not_kept(&mut self.not_kept, lines, bytes, SystemTime::now(), || {
+            reason
+        });
+    }
+
     fn take_handoff(&mut self) {
-        let (lines, dropped) = self.shared.take_handoff();
+        let (lines, dropped, dropped_bytes) = self.shared.take_handoff();
         for line in lines {
             self.ledger.accept(line);
         }
         if dropped > 0 {
-            self.ledger.note_dropped(dropped);
+            self.handoff_dropped = true;
+            self.ledger
+                .note_dropped(dropped, dropped_bytes, HANDOFF_FULL);
             error!(
                 dest = %self.dest.display(),
                 lines = dropped,
@@ -907,7 +1166,12 @@ impl Feeder {
             Some(at) if now >= at => {}
             _ => return,
         }
-        match Writer::spawn(&self.command, &self.dest, self.ledger.acked()) {
+        match Writer::spawn(
+            &self.command,
+            &self.dest,
+            self.rotation,
+            self.ledger.acked(),
+        ) {
             Ok(w) => {
                 debug!(dest = %self.dest.display(), pid = w.pid(), "started a log writer");
                 self.writer = Some(w);
@@ -1072,6 +1336,9 @@ impl Feeder {
             p.spill_error = spill_error.map(str::to_owned);
         }
         p.writer_pid = self.writer.as_ref().map(Writer::pid);
+        if p.not_kept != self.not_kept {
+            p.not_kept.clone_from(&self.not_kept);
+        }
     }
 }
 
@@ -1085,6 +1352,7 @@ mod tests {
             pushed_lines: 10,
             written_lines: 10,
             dropped_lines: 0,
+            not_kept: None,
             undelivered: None,
             writer_error: None,
             abandoned_writer_pid: None,
@@ -1098,6 +1366,7 @@ mod tests {
             bytes: 70,
             path: "/var/tmp/hw/log-undelivered.txt".into(),
             saved_lines: if save_error.is_some() { 3 } else { 7 },
+            saved_bytes: if save_error.is_some() { 30 } else { 70 },
             save_error: save_error.map(str::to_owned),
         }
     }
@@ -1124,10 +1393,20 @@ mod tests {
 
     #[test]
     fn failing_writer_and_failed_save_and_drops_are_all_said() {
+        let t0 = std::time::UNIX_EPOCH + Duration::from_secs(1_795_988_366);
         let r = FinishReport {
-            undelivered: Some(undelivered(Some("disk full"))),
+            undelivered: Some(undelivered(Some("No space left on device (os error 28)"))),
             writer_error: Some("No space left on device (os error 28)".into()),
             dropped_lines: 2,
+            not_kept: Some(NotKept {
+                lines: 2,
+                bytes: 2048,
+                first: t0,
+                last: t0 + Duration::from_secs(61),
+                reason: "memory is full and spilling stopped: the spill directory /var/tmp/hw has only 10.0 MiB \
+                         free (hangwatch leaves 1.0 GiB free for the node)"
+                    .into(),
+            }),
             ..report()
         };
         let m = r.message().unwrap();
@@ -1137,10 +1416,17 @@ mod tests {
         );
         assert!(
             m.contains(
-                "saving them to /var/tmp/hw/log-undelivered.txt failed after 3 lines: disk full"
+                "only the first 3 are in /var/tmp/hw/log-undelivered.txt: the other 4 lines / 40 B of rank output \
+                 were not kept: No space left on device"
             ),
             "{m}"
         );
-        assert!(m.contains("2 log lines were dropped"), "{m}");
+        assert!(
+            m.contains(
+                "2 lines / 2.0 KiB of rank output from 2026-11-29 21:39:26 UTC to 2026-11-29 21:40:27 UTC were not \
+                 kept: memory is full and spilling stopped: the spill directory /var/tmp/hw has only 10.0 MiB free"
+            ),
+            "{m}"
+        );
     }
 }

@@ -3,17 +3,50 @@
 //!
 //! The file is created on first use in the spill directory and is already unlinked (it disappears with the sink
 //! or with the process, whatever happens); it is truncated to nothing each time it has been read back entirely.
+//! It never fills its filesystem: an append that would leave less than the [`SpillReserve`] free is refused.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::ledger::{Line, SpillStore};
 use crate::protocol::{self, HEADER_LEN};
 
+/// Free space the spill leaves on its filesystem for the rest of the node: the smaller of `percent` of the
+/// filesystem's size and `max_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpillReserve {
+    pub percent: u8,
+    pub max_bytes: u64,
+}
+
+impl Default for SpillReserve {
+    /// 5 % of the filesystem, at most 1 GiB.
+    fn default() -> Self {
+        SpillReserve {
+            percent: 5,
+            max_bytes: 1 << 30,
+        }
+    }
+}
+
+impl SpillReserve {
+    /// No reserve: spill until the disk is full (tests of a full disk).
+    pub const NONE: SpillReserve = SpillReserve {
+        percent: 0,
+        max_bytes: 0,
+    };
+
+    /// Bytes to leave free on a filesystem of `total` bytes.
+    pub fn bytes(&self, total: u64) -> u64 {
+        (total / 100 * u64::from(self.percent)).min(self.max_bytes)
+    }
+}
+
 /// A [`SpillStore`] in an unnamed file under `dir` (which must be on node-local disk).
 #[derive(Debug)]
 pub struct FileSpill {
+    reserve: SpillReserve,
     dir: PathBuf,
     file: Option<File>,
     read_at: u64,
@@ -22,8 +55,9 @@ pub struct FileSpill {
 }
 
 impl FileSpill {
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
+    pub fn new(dir: impl Into<PathBuf>, reserve: SpillReserve) -> Self {
         FileSpill {
+            reserve,
             dir: dir.into(),
             file: None,
             read_at: 0,
@@ -53,6 +87,30 @@ impl FileSpill {
     }
 }
 
+/// Refuses an append of `len` bytes that would leave less than the reserve free on the spill's filesystem.
+fn check_room(file: &File, dir: &Path, reserve: SpillReserve, len: u64) -> std::io::Result<()> {
+    if reserve == SpillReserve::NONE {
+        return Ok(());
+    }
+    // fstatvfs on the spill file itself: node-local, never the destination's filesystem.
+    let st = nix::sys::statvfs::fstatvfs(file)?;
+    let fragment = st.fragment_size();
+    let free = st.blocks_available().saturating_mul(fragment);
+    let keep = reserve.bytes(st.blocks().saturating_mul(fragment));
+    if free < keep.saturating_add(len) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            format!(
+                "the spill directory {} has only {} free (hangwatch leaves {} free for the node)",
+                dir.display(),
+                crate::human_bytes(free),
+                crate::human_bytes(keep)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl SpillStore for FileSpill {
     fn append(&mut self, lines: &[Line]) -> std::io::Result<()> {
         let mut buf = std::mem::take(&mut self.buf);
@@ -61,9 +119,16 @@ impl SpillStore for FileSpill {
             protocol::encode(line.seq, &line.bytes, &mut buf);
         }
         let at = self.write_at;
+        let reserve = self.reserve;
+        let dir = self.dir.clone();
         let result = self.file().and_then(|f| {
-            f.write_all_at(&buf, at).inspect_err(|_| {
+            check_room(f, &dir, reserve, buf.len() as u64)?;
+            f.write_all_at(&buf, at).map_err(|e| {
                 let _ = f.set_len(at);
+                std::io::Error::new(
+                    e.kind(),
+                    format!("writing to the spill file in {} failed: {e}", dir.display()),
+                )
             })
         });
         if result.is_ok() {
@@ -132,7 +197,7 @@ mod tests {
     #[test]
     fn lines_come_back_in_order_across_appends_and_partial_reads() {
         let dir = tempfile::tempdir().unwrap();
-        let mut spill = FileSpill::new(dir.path());
+        let mut spill = FileSpill::new(dir.path(), SpillReserve::default());
         spill.append(&lines(1..50, 10)).unwrap();
         let mut got = spill.take_front(100).unwrap();
         assert!(!got.is_empty() && got.len() < 49);
@@ -149,7 +214,7 @@ mod tests {
     #[test]
     fn a_record_larger_than_the_read_size_still_comes_back_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let mut spill = FileSpill::new(dir.path());
+        let mut spill = FileSpill::new(dir.path(), SpillReserve::default());
         spill.append(&lines(1..3, 5000)).unwrap();
         let first = spill.take_front(10).unwrap();
         assert_eq!(first, lines(1..2, 5000));
@@ -158,7 +223,7 @@ mod tests {
     #[test]
     fn emptied_spill_gives_its_disk_space_back() {
         let dir = tempfile::tempdir().unwrap();
-        let mut spill = FileSpill::new(dir.path());
+        let mut spill = FileSpill::new(dir.path(), SpillReserve::default());
         spill.append(&lines(1..100, 100)).unwrap();
         while !spill.take_front(1000).unwrap().is_empty() {}
         let len = spill.file.as_ref().unwrap().metadata().unwrap().len();
@@ -168,7 +233,7 @@ mod tests {
 
     #[test]
     fn missing_spill_directory_is_an_error_naming_it() {
-        let mut spill = FileSpill::new("/nonexistent/hangwatch-spill");
+        let mut spill = FileSpill::new("/nonexistent/hangwatch-spill", SpillReserve::default());
         let err = spill.append(&lines(1..2, 1)).unwrap_err();
         assert!(err.to_string().contains("/nonexistent/hangwatch-spill"));
     }

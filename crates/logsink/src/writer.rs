@@ -4,11 +4,13 @@
 //! that returns says on stdout which records are now completely written (`ack SEQ`). When the destination's
 //! filesystem freezes, this process sits in D state inside `write()`; the sink keeps everything unacknowledged
 //! and can abandon it. When the sink goes away, the child still writes what it has already read, then exits.
+//! With a size cap it also rotates the destination (`rotate.rs`), between lines.
 
 use std::io::{Read, Write};
 use std::path::Path;
 
 use crate::protocol::{self, FrameError, WriterMessage};
+use crate::rotate::{Destination, LogFile, Rotation};
 
 /// Bytes read from stdin per batch (the sink's pipe holds about as much).
 const READ_CHUNK: usize = 1 << 20;
@@ -23,6 +25,12 @@ pub enum WriterError {
     },
     #[error("write to the log destination failed after line {written}")]
     Write {
+        written: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("rotating the log failed after line {written}")]
+    Rotate {
         written: u64,
         #[source]
         source: std::io::Error,
@@ -71,8 +79,9 @@ pub struct WriterSummary {
 }
 
 /// Copies records from `input` to `dest` until `input` ends, acknowledging through `messages` after every
-/// `write()` the highest record written completely.
-pub fn copy_records<R: Read, D: Write, M: Write>(
+/// `write()` the highest record written completely. When `dest` has a size cap, it is rotated before a record
+/// that would take it over the cap (never in the middle of one; an empty file takes any record).
+pub fn copy_records<R: Read, D: Destination, M: Write>(
     mut input: R,
     mut dest: D,
     messages: &mut Messages<M>,
@@ -115,6 +124,9 @@ pub fn copy_records<R: Read, D: Write, M: Write>(
 
         let mut written = 0usize;
         let mut next = 0usize;
+        // Right after a rotation the next record goes into the new file whatever its size (someone else may have
+        // created PATH meanwhile): never rotate twice in a row.
+        let mut rotated = false;
         loop {
             let before = next;
             while next < ends.len() && ends[next].0 <= written {
@@ -129,7 +141,22 @@ pub fn copy_records<R: Read, D: Write, M: Write>(
             if written == out.len() {
                 break;
             }
-            match dest.write(&out[written..]) {
+            let start = record_start(&ends, next);
+            let end = match segment_end(&dest, &ends[next..], written, start, !rotated) {
+                Segment::Rotate => {
+                    rotated = true;
+                    dest.rotate().map_err(|source| WriterError::Rotate {
+                        written: summary.last_seq,
+                        source,
+                    })?;
+                    continue;
+                }
+                Segment::Until(end) => {
+                    rotated = false;
+                    end
+                }
+            };
+            match dest.write(&out[written..end]) {
                 Ok(0) => {
                     return Err(WriterError::Write {
                         written: summary.last_seq,
@@ -152,24 +179,60 @@ pub fn copy_records<R: Read, D: Write, M: Write>(
     }
 }
 
-/// The whole child: opens `dest` for appending (creating it), says `ready`, copies stdin to it. Returns the
-/// process exit code; failures are also reported to the sink as `err MESSAGE`.
+fn record_start(ends: &[(usize, u64)], index: usize) -> usize {
+    if index == 0 {
+        0
+    } else {
+        ends[index - 1].0
+    }
+}
+
+enum Segment {
+    /// Rotate first: the next record would take the current file over its cap.
+    Rotate,
+    /// Write up to this offset of the batch.
+    Until(usize),
+}
+
+/// How far the next `write()` may go. `ends` are the end offsets of the records not yet completely written, the
+/// first of which starts at `start`; `written` is at or after `start` (after a short write, inside it).
+fn segment_end<D: Destination>(
+    dest: &D,
+    ends: &[(usize, u64)],
+    written: usize,
+    start: usize,
+    may_rotate: bool,
+) -> Segment {
+    let last = ends.last().map_or(written, |e| e.0);
+    let Some((size, max)) = dest.cap() else {
+        return Segment::Until(last);
+    };
+    let Some(&(first_end, _)) = ends.first() else {
+        return Segment::Until(last);
+    };
+    if may_rotate && written == start && size > 0 && size + (first_end - start) as u64 > max {
+        return Segment::Rotate;
+    }
+    // The record begun (or about to begin) is finished in this file; then whole records while they fit.
+    let mut end = first_end;
+    for &(e, _) in &ends[1..] {
+        if size + (e - written) as u64 > max {
+            break;
+        }
+        end = e;
+    }
+    Segment::Until(end)
+}
+
+/// The whole child: opens `dest` for appending (creating it), says `ready`, copies stdin to it, rotating it by
+/// size when `rotation` is set. Returns the process exit code; failures are also reported to the sink as
+/// `err MESSAGE`.
 ///
 /// `private`: `dest` is in one of hangwatch's private directories; it is created 0600 and a symlink there is
 /// refused. A log file the user named is opened as they named it (it may be a link to where they want it).
-pub fn writer_main(dest: &Path, private: bool) -> u8 {
+pub fn writer_main(dest: &Path, private: bool, rotation: Option<Rotation>) -> u8 {
     let mut messages = Messages::new(std::io::stdout().lock());
-    let opened = if private {
-        hangwatch_safefs::open_file_in_dir(dest, hangwatch_safefs::WriteMode::Append)
-            .map_err(|e| error_chain(&e))
-    } else {
-        std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(dest)
-            .map_err(|e| e.to_string())
-    };
-    let file = match opened {
+    let file = match LogFile::open(dest, rotation, private).map_err(|e| e.to_string()) {
         Ok(file) => file,
         Err(message) => {
             messages.send(&WriterMessage::Error(message));
@@ -227,6 +290,8 @@ mod tests {
         max: usize,
         fail_after: usize,
     }
+
+    impl Destination for Dest {}
 
     impl Write for Dest {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -300,6 +365,89 @@ mod tests {
         let err = copy_records(cut, Vec::new(), &mut Messages::new(&mut out)).unwrap_err();
         assert!(matches!(err, WriterError::Truncated));
         assert_eq!(acks(&out), vec![1]);
+    }
+
+    /// Files as a rotating destination sees them: the current one last.
+    #[derive(Default)]
+    struct Files {
+        files: Vec<Vec<u8>>,
+        max: u64,
+        short: usize,
+    }
+
+    impl Write for Files {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.files.is_empty() {
+                self.files.push(Vec::new());
+            }
+            let n = buf.len().min(self.short.max(1));
+            self.files.last_mut().unwrap().extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Destination for Files {
+        fn cap(&self) -> Option<(u64, u64)> {
+            Some((self.files.last().map_or(0, |f| f.len() as u64), self.max))
+        }
+        fn rotate(&mut self) -> std::io::Result<()> {
+            self.files.push(Vec::new());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn rotation_happens_between_lines_and_keeps_every_line_in_order() {
+        // "line N\n" is 7 bytes (9 from line 10 on); a cap of 20 holds two short lines per file.
+        let input = records(1..=12);
+        for short in [1, 3, usize::MAX] {
+            let mut dest = Files {
+                max: 20,
+                short,
+                ..Files::default()
+            };
+            let mut out = Vec::new();
+            copy_records(&input[..], &mut dest, &mut Messages::new(&mut out)).unwrap();
+            let joined: Vec<u8> = dest.files.concat();
+            let want: Vec<u8> = (1..=12)
+                .flat_map(|i| format!("line {i}\n").into_bytes())
+                .collect();
+            assert_eq!(joined, want, "short writes of {short}");
+            for f in &dest.files {
+                assert!(
+                    f.len() <= 20,
+                    "a file over its cap: {:?}",
+                    String::from_utf8_lossy(f)
+                );
+                assert!(
+                    f.ends_with(b"\n") && f.starts_with(b"line "),
+                    "a line cut in two: {f:?}"
+                );
+            }
+            assert_eq!(acks(&out).last(), Some(&12));
+        }
+    }
+
+    #[test]
+    fn a_line_longer_than_the_cap_gets_a_file_of_its_own() {
+        let mut input = Vec::new();
+        protocol::encode(1, b"ab\n", &mut input);
+        protocol::encode(2, &[b'x'; 50], &mut input);
+        protocol::encode(3, b"cd\n", &mut input);
+        let mut dest = Files {
+            max: 10,
+            short: usize::MAX,
+            ..Files::default()
+        };
+        let mut out = Vec::new();
+        copy_records(&input[..], &mut dest, &mut Messages::new(&mut out)).unwrap();
+        assert_eq!(dest.files.len(), 3);
+        assert_eq!(dest.files[0], b"ab\n");
+        assert_eq!(dest.files[1].len(), 50);
+        assert_eq!(dest.files[2], b"cd\n");
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! [`ProcFs`]: reads the /proc entries that stay safe on a stuck process, under a root that tests point at a
 //! fake tree.
 //!
-//! Safe means measured to return promptly while the process is stuck on a frozen mount (INSPECTION.md): `stat`,
-//! `status`, `wchan`, `syscall`, `stack`, `readlink` of `fd/N`, `cwd` and `exe`, `fdinfo`, `mountinfo`, `io`,
-//! the `task` directory and `children`. `cmdline`, `environ` and `maps` take the process's mmap lock and can
+//! Safe means measured to return promptly while the process is stuck on a frozen mount
+//! (`docs/inspecting-a-stuck-process.md`): `stat`, `status`, `wchan`, `syscall`, `stack`, `readlink` of `fd/N`,
+//! `cwd` and `exe`, `fdinfo`, `mountinfo`, `io`, the `task` directory and `children`. `cmdline`, `environ` and `maps` take the process's mmap lock and can
 //! block, so there is no method for them; fd links are only `readlink`ed, never followed.
 
 use std::collections::{HashMap, HashSet, VecDeque};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hangwatch_agent::output::LineSink;
-use hangwatch_logsink::{LinePusher, LogSink, LogSinkOptions, OpenError, WriterCommand};
+use hangwatch_logsink::{LinePusher, LogSink, LogSinkOptions, OpenError, Rotation, WriterCommand};
 
 /// The open log destination.
 pub struct LogHandle {
@@ -21,15 +21,21 @@ impl LineSink for Pusher {
     }
 }
 
-/// Opens `dest` for the job's output; spill files and undelivered lines go under `report_dir` (node-local, made
-/// private by `run`). `private`: `dest` is hangwatch's own `output.log` in the report directory (created 0600, a
-/// symlink there refused), not a `--log-file` the user named.
-pub fn open(dest: &Path, report_dir: &Path, private: bool) -> anyhow::Result<LogHandle> {
+/// Opens `dest` for the job's output, rotated by size when `rotation` is set; spill files and undelivered lines go
+/// under `report_dir` (node-local, made private by `run`). `private`: `dest` is hangwatch's own `output.log` in the
+/// report directory (created 0600, a symlink there refused), not a `--log-file` the user named.
+pub fn open(
+    dest: &Path,
+    report_dir: &Path,
+    private: bool,
+    rotation: Option<Rotation>,
+) -> anyhow::Result<LogHandle> {
     let options = LogSinkOptions {
         spill_dir: report_dir.to_path_buf(),
         undelivered_path: report_dir.join("log-undelivered.txt"),
         writer: writer_command(),
         private_dest: private,
+        rotation,
         ..LogSinkOptions::default()
     };
     let hint = if private {

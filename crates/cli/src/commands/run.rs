@@ -51,6 +51,13 @@ pub struct Args {
     /// Also write every line of the job's output here (written so that a frozen filesystem never blocks the job).
     #[arg(long)]
     log_file: Option<PathBuf>,
+    /// Rotate the job's log (--log-file, else output.log in the report directory) before it grows past SIZE
+    /// (e.g. 500M, 2G; 0: no cap). Rotated files are LOG.1 (newest) .. LOG.N.
+    #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = crate::size::parse_size)]
+    log_max_size: u64,
+    /// Rotated log files to keep (at least 1 while there is a size cap).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    log_keep: u32,
     /// Evidence and the run's files go here; must be node-local; made private (0700) [default: a new
     /// run-<UTC time>-<pid> under /var/tmp/hangwatch-<uid>; see docs/run.md].
     #[arg(long)]
@@ -130,17 +137,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(url) = &args.webhook {
         parse_webhook(url).map_err(usage)?;
     }
+    let rotation = hangwatch_logsink::Rotation::new(args.log_max_size, args.log_keep)
+        .map_err(|e| usage(format!("--log-keep 0: {e}")))?;
     // Held open until the run ends: its lock keeps a concurrent run's pruning away from it.
     let private_dir = open_report_dir(&args)?;
     let report_dir = private_dir.path().to_path_buf();
     warn_if_shared(&report_dir);
 
     let sink = match &args.log_file {
-        Some(path) => Some(crate::commands::log_sink::open(path, &report_dir, false)?),
+        Some(path) => Some(crate::commands::log_sink::open(
+            path,
+            &report_dir,
+            false,
+            rotation,
+        )?),
         None => Some(crate::commands::log_sink::open(
             &report_dir.join("output.log"),
             &report_dir,
             true,
+            rotation,
         )?),
     };
 
