@@ -352,42 +352,35 @@ pub(crate) fn month_from_abbrev(s: &str) -> Option<u8> {
     MONTHS.iter().position(|m| *m == s).map(|p| p as u8 + 1)
 }
 
-fn is_leap(y: i32) -> bool {
-    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+/// Julian day number of 1970-01-01: `time` counts days that way.
+const UNIX_EPOCH_JULIAN_DAY: i64 = 2_440_588;
+
+/// The calendar date, if it exists (the `time` crate knows the calendar; no hand-written copy of it here).
+fn date(y: i32, m: u8, d: u8) -> Option<time::Date> {
+    time::Date::from_calendar_date(y, time::Month::try_from(m).ok()?, d).ok()
 }
 
 fn days_in_month(y: i32, m: u8) -> u8 {
-    match m {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if is_leap(y) => 29,
-        2 => 28,
-        _ => 0,
+    match time::Month::try_from(m) {
+        Ok(month) => time::util::days_in_month(month, y),
+        Err(_) => 0,
     }
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+/// Days since 1970-01-01 of a date that [`WallTime::new`] validated (0 for one that does not exist).
 fn days_from_civil(y: i32, m: u8, d: u8) -> i64 {
-    let y = i64::from(y) - i64::from(m <= 2);
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    date(y, m, d).map_or(0, |date| {
+        i64::from(date.to_julian_day()) - UNIX_EPOCH_JULIAN_DAY
+    })
 }
 
+/// The date `z` days after 1970-01-01 (1970-01-01 itself when out of the calendar's range).
 fn civil_from_days(z: i64) -> (i32, u8, u8) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u8;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u8;
-    ((y + i64::from(m <= 2)) as i32, m, d)
+    let day = i32::try_from(z + UNIX_EPOCH_JULIAN_DAY)
+        .ok()
+        .and_then(|jd| time::Date::from_julian_day(jd).ok())
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH.date());
+    (day.year(), u8::from(day.month()), day.day())
 }
 
 #[cfg(test)]
