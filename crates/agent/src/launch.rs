@@ -41,7 +41,7 @@ pub struct Launched {
 pub enum LaunchError {
     #[error("no command to run: put it after `--`, e.g. `hangwatch run -- python train.py`")]
     NoCommand,
-    #[error("could not start `{program}`: {source}")]
+    #[error("could not start `{program}`")]
     Spawn {
         program: String,
         #[source]
@@ -164,23 +164,33 @@ pub fn launch(spec: &LaunchSpec) -> Result<Vec<Launched>, LaunchError> {
     Ok(started)
 }
 
-/// Whether `program` can be found and run, for a clear error before anything starts.
+/// Whether `program` can be found and run by this user, for a clear error before anything starts.
 pub fn check_program(program: &OsString) -> Result<(), String> {
     let p = Path::new(program);
+    let runnable = |path: &Path| {
+        nix::unistd::access(path, nix::unistd::AccessFlags::X_OK).map_err(|e| match e {
+            nix::errno::Errno::EACCES => format!(
+                "`{}` is not executable by this user (chmod +x it, or check the permissions of the directories above it)",
+                path.display()
+            ),
+            other => format!("`{}` cannot be run: {}", path.display(), other.desc()),
+        })
+    };
     if p.components().count() > 1 {
         return if p.is_file() {
-            Ok(())
+            runnable(p)
         } else {
             Err(format!("`{}` does not exist", p.display()))
         };
     }
-    let found = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(p).is_file()))
-        .unwrap_or(false);
-    if found {
-        Ok(())
-    } else {
-        Err(format!("`{}` is not on PATH", p.display()))
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(p))
+            .find(|candidate| candidate.is_file())
+    });
+    match found {
+        Some(path) => runnable(&path),
+        None => Err(format!("`{}` is not on PATH", p.display())),
     }
 }
 
@@ -225,5 +235,14 @@ mod tests {
         assert!(check_program(&"/no/such/file".into())
             .unwrap_err()
             .contains("does not exist"));
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("train.sh");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        assert!(
+            check_program(&script.clone().into_os_string())
+                .unwrap_err()
+                .contains("not executable"),
+            "a file without the x bit is named before anything starts"
+        );
     }
 }
