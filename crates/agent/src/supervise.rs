@@ -676,16 +676,19 @@ impl Supervisor {
             .collect()
     }
 
-    /// Whether every live process of the job is one the verdict found blocked in the kernel.
+    /// Whether every live process of the job cannot act on a signal (see [`cannot_act_on_term`]).
     fn only_stuck_left(&mut self) -> bool {
         let stuck = self.stuck_pids();
         if stuck.is_empty() {
             return false;
         }
-        self.procs
+        let live: Vec<i32> = self
+            .procs
             .iter_mut()
             .filter_map(|p| (!p.has_exited()).then_some(p.pid))
-            .all(|pid| stuck.contains(&pid))
+            .collect();
+        live.iter()
+            .all(|&pid| cannot_act_on_term(&self.procfs, &stuck, pid))
     }
 
     /// Reaps probe children that were stuck on a frozen filesystem and have returned since (after a thaw), so a
@@ -1000,7 +1003,8 @@ impl Supervisor {
             .name("hw-terminate".into())
             .spawn(move || {
                 let procfs = ProcFs::new("/proc");
-                let report = terminate(&mut procs, grace, kill_wait, &stuck, |pid| {
+                let cannot_act = |pid: i32| cannot_act_on_term(&procfs, &stuck, pid);
+                let report = terminate(&mut procs, grace, kill_wait, &cannot_act, |pid| {
                     procfs.stat(pid).ok().map(|s| s.state)
                 });
                 let _ = events.send(Event::Terminated(report));
@@ -1220,6 +1224,25 @@ impl InvestigationJob {
             evidence: written,
         }
     }
+}
+
+/// Whether `pid` cannot act on SIGTERM: the verdict found it blocked in the kernel (`stuck`), or it is a launcher
+/// (torchrun) whose only live descendants are such processes — it waits for them and would hold the grace for
+/// nothing. Zombies do not count: a rank in D cannot reap its exited DataLoader workers.
+fn cannot_act_on_term(procfs: &ProcFs, stuck: &[i32], pid: i32) -> bool {
+    if stuck.is_empty() {
+        return false;
+    }
+    if stuck.contains(&pid) {
+        return true;
+    }
+    let live: Vec<i32> = procfs
+        .descendants(pid)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|d| procfs.stat(*d).is_ok_and(|s| s.state != 'Z'))
+        .collect();
+    !live.is_empty() && live.iter().all(|d| stuck.contains(d))
 }
 
 /// Seconds since the epoch of a past `Instant`.

@@ -26,28 +26,34 @@ pub struct TerminationReport {
     pub elapsed: Duration,
 }
 
-fn wait_all<P: JobProcess>(procs: &mut [P], alive: &mut Vec<usize>, until: Instant, stuck: &[i32]) {
+fn wait_all<P: JobProcess>(
+    procs: &mut [P],
+    alive: &mut Vec<usize>,
+    until: Instant,
+    cannot_act: &dyn Fn(i32) -> bool,
+) {
     loop {
         alive.retain(|&i| !procs[i].has_exited());
         if alive.is_empty() || Instant::now() >= until {
             return;
         }
-        // Only processes blocked in the kernel are left: they cannot act on SIGTERM, so the grace is spent.
-        if !stuck.is_empty() && alive.iter().all(|&i| stuck.contains(&procs[i].pid())) {
+        // Only processes that cannot act on SIGTERM are left (blocked in the kernel, or a launcher waiting for
+        // nothing but those): the grace would be spent waiting on the unkillable.
+        if alive.iter().all(|&i| cannot_act(procs[i].pid())) {
             return;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
-/// TERM -> `grace` -> KILL -> `kill_wait` -> report. Never waits longer than `grace + kill_wait`. `stuck`: pids
-/// the verdict found blocked in the kernel (on a filesystem that does not answer); the grace ends as soon as only
-/// they are left, since they cannot act on SIGTERM before their call returns.
+/// TERM -> `grace` -> KILL -> `kill_wait` -> report. Never waits longer than `grace + kill_wait`. `cannot_act`:
+/// whether a process cannot act on SIGTERM (the verdict found it blocked in the kernel, or it is a launcher whose
+/// only live descendants are such processes); the grace ends as soon as only such processes are left.
 pub fn terminate<P: JobProcess>(
     procs: &mut [P],
     grace: Duration,
     kill_wait: Duration,
-    stuck: &[i32],
+    cannot_act: &dyn Fn(i32) -> bool,
     state_of: impl Fn(i32) -> Option<char>,
 ) -> TerminationReport {
     let started = Instant::now();
@@ -61,7 +67,7 @@ pub fn terminate<P: JobProcess>(
     let live_now: Vec<usize> = alive.clone();
     let live_procs: Vec<&P> = live_now.iter().map(|&i| &procs[i]).collect();
     signal_each(&live_procs, Signal::SIGTERM);
-    wait_all(procs, &mut alive, Instant::now() + grace, stuck);
+    wait_all(procs, &mut alive, Instant::now() + grace, cannot_act);
     report.ended_by_term = live_now
         .iter()
         .filter(|i| !alive.contains(i))
@@ -71,7 +77,7 @@ pub fn terminate<P: JobProcess>(
         let before_kill = alive.clone();
         let remaining: Vec<&P> = alive.iter().map(|&i| &procs[i]).collect();
         signal_each(&remaining, Signal::SIGKILL);
-        wait_all(procs, &mut alive, Instant::now() + kill_wait, &[]);
+        wait_all(procs, &mut alive, Instant::now() + kill_wait, &|_| false);
         report.ended_by_kill = before_kill
             .iter()
             .filter(|i| !alive.contains(i))

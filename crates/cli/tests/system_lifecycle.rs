@@ -407,3 +407,47 @@ fn children_abandoned_on_a_frozen_filesystem_are_reaped_after_the_thaw() {
         done.describe()
     );
 }
+
+#[test]
+fn a_launcher_that_waits_for_a_rank_in_d_does_not_hold_the_grace() {
+    let py = require!(python());
+    let fs = require!(LoopExt4::new(64));
+    let log = fs.path().join("rank0.log");
+    let port = hangwatch_testkit::free_tcp_port().expect("a free port");
+    // Like torchrun: on SIGTERM it passes the signal to its ranks and waits for them, so with rank 0 in D it
+    // would wait forever.
+    let launcher = format!(
+        "trap 'kill -TERM $pids 2>/dev/null; wait' TERM; \
+         for r in 0 1 2 3; do RANK=$r LOCAL_RANK=$r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT={port} \
+         '{py}' '{script}' --step-time 0.1 --log '{log}' --only-rank 0 & pids=\"$pids $!\"; done; wait",
+        py = py.display(),
+        script = hangwatch_testkit::rank_script().display(),
+        log = log.display(),
+    );
+    let mut run = HangwatchRun::start(
+        &["--stall-after", "4s", "--grace", "30s", "--quiet"],
+        &["sh".to_string(), "-c".to_string(), launcher],
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= 3),
+        "rank 0 never logged:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    let frozen = require!(fs.freeze());
+    let frozen_at = Instant::now();
+    let done = run.finish(Duration::from_secs(60));
+    let took = frozen_at.elapsed();
+    eprintln!(
+        "launcher waiting on a rank in D: freeze -> exit {:.2}s (grace 30s)",
+        took.as_secs_f64()
+    );
+    done.assert_code(75);
+    assert_eq!(done.culprit(0)["state"], "D", "{}", done.describe());
+    assert!(
+        took < Duration::from_secs(25),
+        "the 30 s grace was spent waiting on a launcher that waits on a rank in D: {}",
+        done.describe()
+    );
+    frozen.thaw().expect("thaw");
+}
