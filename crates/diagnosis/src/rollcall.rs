@@ -686,12 +686,13 @@ fn summarize(
             .map(|g| {
                 let n = g.pids.len();
                 let on = on_nodes(g, ctx);
+                let noun = if n == 1 { "rank" } else { "ranks" };
                 if g.where_.starts_with("exited") {
-                    let noun = if n == 1 { "rank has" } else { "ranks have" };
-                    return format!("{n} {noun}{on} {}", g.where_);
+                    let verb = if n == 1 { "has" } else { "have" };
+                    return format!("{n} {noun}{on} {verb} {}", g.where_);
                 }
-                let noun = if n == 1 { "rank waits" } else { "ranks wait" };
-                format!("{n} {noun}{on} in {}", g.where_)
+                let verb = if n == 1 { "waits" } else { "wait" };
+                format!("{n} {noun}{on} {verb} in {}", g.where_)
             })
             .collect::<Vec<_>>()
             .join("; ")
@@ -739,9 +740,10 @@ fn summarize(
             groups.first().map(|g| g.where_.as_str()).unwrap_or("the same place")
         ),
         (VerdictKind::NodeUnreachable, _) => {
-            let (noun, verb) = if nodes_not_seen.len() == 1 { ("node", "was") } else { ("nodes", "were") };
+            let (noun, verb, its) =
+                if nodes_not_seen.len() == 1 { ("node", "was", "its") } else { ("nodes", "were", "their") };
             with_rest(format!(
-                "{noun} {} {verb} not seen: its observations did not arrive, and no rank that was seen stands out",
+                "{noun} {} {verb} not seen: {its} observations did not arrive, and no rank that was seen stands out",
                 nodes_not_seen.join(", ")
             ))
         }
