@@ -1,7 +1,7 @@
 //! The roll call's decision: from the observations of every node of a job, group ranks by position (across
 //! nodes), name the outliers and their node, and write the one verdict. One node is a slice of length one.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use hangwatch_model::{
     Culprit, FilesystemStatus, Group, NodeObservations, ProbeResult, ProcessObservation, RankPlace,
@@ -218,24 +218,24 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             }
         }
     }
-    let node_key = |e: &Entry| nodes[e.node].node.clone();
-    entries.sort_by_key(|e| {
-        (
-            e.process.rank.unwrap_or(u32::MAX),
-            node_key(e),
-            e.process.pid,
-        )
+    // By rank, then node name (not arrival order), then pid: the same verdict whatever order nodes report in.
+    let node_key = |e: &Entry| nodes[e.node].node.as_deref();
+    entries.sort_by(|a, b| {
+        let key = |e: &Entry| {
+            (
+                e.process.rank.unwrap_or(u32::MAX),
+                node_key(e),
+                e.process.pid,
+            )
+        };
+        key(a).cmp(&key(b))
     });
-    workers.sort_by_key(|e| {
-        (
-            e.process
-                .worker_of
-                .as_ref()
-                .and_then(|w| w.rank)
-                .unwrap_or(u32::MAX),
-            node_key(e),
-            e.process.pid,
-        )
+    workers.sort_by(|a, b| {
+        let key = |e: &Entry| {
+            let rank = e.process.worker_of.as_ref().and_then(|w| w.rank);
+            (rank.unwrap_or(u32::MAX), node_key(e), e.process.pid)
+        };
+        key(a).cmp(&key(b))
     });
 
     // Filesystem waits on a mount that a probe found responsive are ordinary I/O, not a hang.
@@ -460,10 +460,23 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         },
         recommendations,
         warnings,
-        ranks: entries
-            .iter()
-            .map(|e| rank_report(e, &all[n_ranks..], &ctx))
-            .collect(),
+        ranks: {
+            // Each rank's workers, found by (node, rank pid) once rather than by a scan per rank.
+            let mut workers_of: HashMap<(usize, i32), Vec<&Entry>> = HashMap::new();
+            for w in &all[n_ranks..] {
+                workers_of
+                    .entry((w.node, w.rank_pid()))
+                    .or_default()
+                    .push(w);
+            }
+            entries
+                .iter()
+                .map(|e| {
+                    let workers = workers_of.get(&(e.node, e.process.pid));
+                    rank_report(e, workers.map_or(&[][..], Vec::as_slice), &ctx)
+                })
+                .collect()
+        },
         nodes_not_seen,
     }
 }
@@ -837,7 +850,8 @@ fn worker_report(entry: &Entry) -> WorkerReport {
     }
 }
 
-fn rank_report(entry: &Entry, workers: &[Entry], ctx: &Ctx) -> RankReport {
+/// `workers`: the workers of this rank.
+fn rank_report(entry: &Entry, workers: &[&Entry], ctx: &Ctx) -> RankReport {
     RankReport {
         at: place(entry, ctx),
         cpu_ms_during_sample: Some(
@@ -849,10 +863,6 @@ fn rank_report(entry: &Entry, workers: &[Entry], ctx: &Ctx) -> RankReport {
                 .sum(),
         ),
         threads: entry.process.threads.clone(),
-        workers: workers
-            .iter()
-            .filter(|w| w.node == entry.node && w.rank_pid() == entry.process.pid)
-            .map(worker_report)
-            .collect(),
+        workers: workers.iter().map(|w| worker_report(w)).collect(),
     }
 }
