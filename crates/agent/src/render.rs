@@ -78,10 +78,9 @@ pub fn verdict_text(v: &Verdict) -> String {
             );
         }
         if let Some(path) = &c.path {
-            let fs = v
-                .filesystems
-                .iter()
-                .find(|f| Some(&f.mount) == c.mount.as_ref());
+            let fs = v.filesystems.iter().find(|f| {
+                Some(&f.mount) == c.mount.as_ref() && (f.node.is_none() || f.node == c.node)
+            });
             let answer = match fs.and_then(|f| f.responsive) {
                 Some(false) => ", NOT RESPONDING",
                 Some(true) => ", responds",

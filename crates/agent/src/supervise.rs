@@ -10,12 +10,14 @@ use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use hangwatch_diagnosis::{Detector, DetectorConfig, ProgressSource, StallState, Threshold};
+use hangwatch_diagnosis::{
+    decide, DecideOptions, Detector, DetectorConfig, ProgressSource, StallState, Threshold,
+};
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
 use hangwatch_inspect::ranks::{Discovery, RankFinder};
 use hangwatch_inspect::rollcall::{take_roll_call, KnownProcess, RollCallOptions};
-use hangwatch_model::{ActionRecord, Verdict, VerdictKind};
+use hangwatch_model::{ActionRecord, ProcessObservation, Verdict, VerdictKind};
 use hangwatch_proc::ProcFs;
 use nix::sys::signal::Signal;
 
@@ -951,10 +953,10 @@ impl Supervisor {
             read_stacks: true,
             stacks,
             node: self.config.node.clone(),
-            stalled_for_s: Some(stalled_for.as_secs_f64()),
         };
         let job = InvestigationJob {
             trigger,
+            stalled_for_s: stalled_for.as_secs_f64(),
             pids,
             known,
             options,
@@ -1162,6 +1164,7 @@ impl Supervisor {
 /// A roll call to take in a worker, with everything copied out of the loop.
 struct InvestigationJob {
     trigger: Trigger,
+    stalled_for_s: f64,
     pids: Vec<i32>,
     known: HashMap<i32, KnownProcess>,
     options: RollCallOptions,
@@ -1197,12 +1200,23 @@ impl InvestigationJob {
                 .filter_map(Result::ok)
                 .collect()
         });
-        let verdict = rollcall.verdict.clone();
+        let mut observations = rollcall.observations;
+        if self.kernel_log_unavailable.is_none() {
+            observations.kernel_log = Some(hangwatch_kmsg::report_from_text(&self.kernel_log));
+        }
+        let verdict = decide(
+            std::slice::from_ref(&observations),
+            &DecideOptions {
+                stalled_for_s: Some(self.stalled_for_s),
+                expected_nodes: Vec::new(),
+            },
+        );
         say(crate::render::verdict_text(&verdict));
+        let processes: Vec<ProcessObservation> = observations.processes().cloned().collect();
         let evidence = Evidence {
             verdict: &verdict,
-            observations: &rollcall.observations,
-            probes: &rollcall.probes,
+            observations: &processes,
+            probes: &observations.probes,
             thresholds: &self.thresholds,
             kernel_log: &self.kernel_log,
             kernel_log_unavailable: self.kernel_log_unavailable.as_deref(),

@@ -1,7 +1,8 @@
 //! Pure decisions of hangwatch: observations in, decisions out, no clock and no I/O.
 //!
 //! - [`position`]: where each rank is (its most telling thread, the meaningful Python frame, its condition).
-//! - [`rollcall`]: grouping ranks by position, naming the outliers, and the verdict.
+//! - [`rollcall`]: from the observations of every node, grouping ranks by position, naming the outliers, and the
+//!   one verdict.
 //! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
 
 pub mod detector;
@@ -14,4 +15,4 @@ pub use detector::{
 };
 pub use position::{classify, Condition, Position};
 pub use ranks::{find_ranks, EnvFact, RankMap, TreeNode};
-pub use rollcall::{mounts_to_probe, roll_call, RollCallInput};
+pub use rollcall::{decide, mounts_to_probe, roll_call, DecideOptions, RollCallInput};

@@ -128,15 +128,17 @@ fn syscall_name(thread: &ThreadObservation) -> Option<String> {
 /// Whether the thread waits for a filesystem: D state that has not run, or an S wait whose wait channel or
 /// system call file says "filesystem".
 fn waits_on_filesystem(thread: &ThreadObservation) -> bool {
-    let fs_wchan = thread.wchan.as_deref().is_some_and(is_filesystem_function);
-    let fs_file = syscall_file(thread).is_some_and(is_filesystem_file);
-    let fs_stack = thread.kernel_stack.as_ref().is_some_and(|s| {
-        s.iter()
-            .any(|f| FILESYSTEM_WAITS.iter().any(|w| f.contains(w)))
-    });
     match thread.state {
         'D' => true,
-        'S' => fs_wchan || (fs_file && fs_stack),
+        // The kernel-stack scan is the costly part (thousands of threads at 10,000 ranks): only when it decides.
+        'S' => {
+            thread.wchan.as_deref().is_some_and(is_filesystem_function)
+                || (syscall_file(thread).is_some_and(is_filesystem_file)
+                    && thread.kernel_stack.as_ref().is_some_and(|s| {
+                        s.iter()
+                            .any(|f| FILESYSTEM_WAITS.iter().any(|w| f.contains(w)))
+                    }))
+        }
         _ => false,
     }
 }

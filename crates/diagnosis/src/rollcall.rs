@@ -1,15 +1,18 @@
-//! The roll call: group ranks by position, name the outliers, and write the verdict.
+//! The roll call's decision: from the observations of every node of a job, group ranks by position (across
+//! nodes), name the outliers and their node, and write the one verdict. One node is a slice of length one.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use hangwatch_model::{
-    Culprit, FilesystemStatus, Group, ProbeResult, ProcessObservation, RankReport, Verdict,
-    VerdictKind, WorkerRef, WorkerReport, VERDICT_VERSION,
+    Culprit, FilesystemStatus, Group, NodeObservations, ProbeResult, ProcessObservation, RankPlace,
+    RankReport, Verdict, VerdictKind, WorkerRef, WorkerReport, NODE_OBSERVATIONS_VERSION,
+    VERDICT_VERSION,
 };
 
 use crate::position::{classify, is_filesystem_file, Condition, Position};
 
-/// Everything the roll call decides from.
+/// One node's roll call in the shape older callers and tests build it; [`roll_call`] turns it into a slice of
+/// one [`NodeObservations`] for [`decide`].
 #[derive(Debug, Clone, Default)]
 pub struct RollCallInput {
     /// The ranks and their workers (those with `worker_of` set): a worker is never grouped or counted as a rank;
@@ -25,6 +28,37 @@ pub struct RollCallInput {
     pub stalled_for_s: Option<f64>,
     /// Wall-clock time of the observation (seconds since the epoch).
     pub now_unix_s: Option<f64>,
+}
+
+/// What the decision needs besides the observations.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DecideOptions {
+    /// How long progress has stopped, when a detector knows.
+    pub stalled_for_s: Option<f64>,
+    /// Every node of the job, when known: one whose observations are missing is named as not seen.
+    pub expected_nodes: Vec<String>,
+}
+
+impl RollCallInput {
+    /// The same observations as one node's [`NodeObservations`].
+    pub fn to_node_observations(&self) -> NodeObservations {
+        let (ranks, workers) = self
+            .processes
+            .iter()
+            .cloned()
+            .partition(|p| p.worker_of.is_none());
+        NodeObservations {
+            version: NODE_OBSERVATIONS_VERSION,
+            node: self.node.clone(),
+            observed_at_unix_s: self.now_unix_s,
+            window_ms: self.window_ms,
+            ranks,
+            workers,
+            probes: self.probes.clone(),
+            kernel_log: None,
+            unreadable: Vec::new(),
+        }
+    }
 }
 
 /// Mount points worth probing: those that a stuck thread of a rank or of a worker is using.
@@ -49,6 +83,24 @@ pub fn mounts_to_probe(processes: &[ProcessObservation], window_ms: u64) -> Vec<
 struct Entry<'a> {
     process: &'a ProcessObservation,
     position: Position,
+    /// Index of the entry's node in the decision's slice.
+    node: usize,
+}
+
+/// The observations a decision is made from, and whether they span more than one node.
+struct Ctx<'a> {
+    nodes: &'a [NodeObservations],
+    multi: bool,
+}
+
+impl Ctx<'_> {
+    fn node_name(&self, entry: &Entry) -> Option<&str> {
+        self.nodes[entry.node].node.as_deref()
+    }
+
+    fn probes(&self, entry: &Entry) -> &[ProbeResult] {
+        &self.nodes[entry.node].probes
+    }
 }
 
 impl Entry<'_> {
@@ -95,13 +147,18 @@ fn worker_role(process: &ProcessObservation) -> Option<String> {
     })
 }
 
-/// Whether a filesystem wait is on a mount that a probe found responsive: ordinary I/O, not a hang.
-fn on_responsive_mount(position: &Position, input: &RollCallInput) -> bool {
-    let Some(mount) = position.file.as_ref().and_then(|f| f.mount.as_deref()) else {
+/// Whether a filesystem wait is on a mount that a probe (on the same node) found responsive: ordinary I/O, not a
+/// hang.
+fn on_responsive_mount(entry: &Entry, ctx: &Ctx) -> bool {
+    let Some(mount) = entry
+        .position
+        .file
+        .as_ref()
+        .and_then(|f| f.mount.as_deref())
+    else {
         return false;
     };
-    input
-        .probes
+    ctx.probes(entry)
         .iter()
         .find(|p| p.mount.as_deref() == Some(mount))
         .and_then(|p| p.responsive)
@@ -111,40 +168,81 @@ fn on_responsive_mount(position: &Position, input: &RollCallInput) -> bool {
 /// A worker that holds its rank up: in a filesystem wait (D, or S on a filesystem), not run during the whole
 /// sample window, and not on a mount that answered its probe. Workers churn through I/O all the time, so a worker
 /// caught in a short D read of a healthy disk is not one; an exited worker never is.
-fn is_stuck_worker(entry: &Entry, input: &RollCallInput) -> bool {
+fn is_stuck_worker(entry: &Entry, ctx: &Ctx) -> bool {
     !entry.process.exited
         && entry.position.condition == Condition::BlockedInKernel
         && thread_of(entry).is_some_and(|t| t.not_running_for_ms.is_some())
-        && !on_responsive_mount(&entry.position, input)
+        && !on_responsive_mount(entry, ctx)
 }
 
-/// Decides the verdict from one roll call.
+/// Decides the verdict from one node's roll call.
 pub fn roll_call(input: &RollCallInput) -> Verdict {
-    let (mut entries, mut workers): (Vec<Entry>, Vec<Entry>) = input
-        .processes
+    decide(
+        &[input.to_node_observations()],
+        &DecideOptions {
+            stalled_for_s: input.stalled_for_s,
+            expected_nodes: Vec::new(),
+        },
+    )
+}
+
+/// Decides the one verdict of a job from the observations of all its nodes: groups across nodes, the outlier
+/// and its node, and the nodes that were not seen.
+pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
+    let seen: BTreeSet<&str> = nodes.iter().filter_map(|n| n.node.as_deref()).collect();
+    let nodes_not_seen: Vec<String> = options
+        .expected_nodes
         .iter()
-        .map(|process| Entry {
-            process,
-            position: classify(process, input.window_ms),
-        })
-        .partition(|e| e.process.worker_of.is_none());
-    entries.sort_by_key(|e| (e.process.rank.unwrap_or(u32::MAX), e.process.pid));
-    workers.sort_by_key(|e| {
-        (
-            e.process
-                .worker_of
-                .as_ref()
-                .and_then(|w| w.rank)
-                .unwrap_or(u32::MAX),
-            e.process.pid,
-        )
+        .filter(|n| !seen.contains(n.as_str()))
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let ctx = Ctx {
+        nodes,
+        multi: nodes.len() + nodes_not_seen.len() > 1,
+    };
+    let entry = |node: usize, process| Entry {
+        process,
+        position: classify(process, nodes[node].window_ms),
+        node,
+    };
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut workers: Vec<Entry> = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        // A process lands where its `worker_of` says, whichever list it came in.
+        for process in n.processes() {
+            match process.worker_of {
+                None => entries.push(entry(i, process)),
+                Some(_) => workers.push(entry(i, process)),
+            }
+        }
+    }
+    // By rank, then node name (not arrival order), then pid: the same verdict whatever order nodes report in.
+    let node_key = |e: &Entry| nodes[e.node].node.as_deref();
+    entries.sort_by(|a, b| {
+        let key = |e: &Entry| {
+            (
+                e.process.rank.unwrap_or(u32::MAX),
+                node_key(e),
+                e.process.pid,
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    workers.sort_by(|a, b| {
+        let key = |e: &Entry| {
+            let rank = e.process.worker_of.as_ref().and_then(|w| w.rank);
+            (rank.unwrap_or(u32::MAX), node_key(e), e.process.pid)
+        };
+        key(a).cmp(&key(b))
     });
 
     // Filesystem waits on a mount that a probe found responsive are ordinary I/O, not a hang.
     for entry in entries.iter_mut().chain(workers.iter_mut()) {
         if entry.position.condition == Condition::BlockedInKernel
             && entry.position.state != 'D'
-            && on_responsive_mount(&entry.position, input)
+            && on_responsive_mount(entry, &ctx)
         {
             entry.position.condition = Condition::Waiting;
         }
@@ -223,10 +321,15 @@ pub fn roll_call(input: &RollCallInput) -> Verdict {
     // A worker stuck on a filesystem holds its rank, and so everyone, up: it outranks every other finding but a
     // rank that is itself blocked in the kernel, next to which it is listed.
     let stuck_workers: Vec<usize> = (0..workers.len())
-        .filter(|&i| is_stuck_worker(&workers[i], input))
+        .filter(|&i| is_stuck_worker(&workers[i], &ctx))
         .collect();
     if !stuck_workers.is_empty() && kind != Some(VerdictKind::BlockedInKernel) {
         kind = Some(VerdictKind::BlockedInKernel);
+        culprit_idx.clear();
+    }
+    // No rank that was seen stands out, and some node was not seen: that node is the finding.
+    if matches!(kind, None | Some(VerdictKind::CollectiveHang)) && !nodes_not_seen.is_empty() {
+        kind = Some(VerdictKind::NodeUnreachable);
         culprit_idx.clear();
     }
     let kind = kind.unwrap_or(VerdictKind::Unknown);
@@ -237,15 +340,22 @@ pub fn roll_call(input: &RollCallInput) -> Verdict {
     let entries = &all[..n_ranks];
 
     let mut filesystems: Vec<FilesystemStatus> = Vec::new();
-    for probe in &input.probes {
+    for (node, probe) in nodes
+        .iter()
+        .flat_map(|n| n.probes.iter().map(move |p| (&n.node, p)))
+    {
         let Some(mount) = probe.mount.clone() else {
             continue;
         };
-        if filesystems.iter().any(|f| f.mount == mount) {
+        if filesystems
+            .iter()
+            .any(|f| f.mount == mount && &f.node == node)
+        {
             continue;
         }
         filesystems.push(FilesystemStatus {
             mount,
+            node: node.clone(),
             fstype: probe.fstype.clone(),
             responsive: probe.responsive,
             detail: Some(probe.detail.clone()),
@@ -254,22 +364,30 @@ pub fn roll_call(input: &RollCallInput) -> Verdict {
 
     let culprits: Vec<Culprit> = culprit_idx
         .iter()
-        .map(|&i| culprit(&all[i], input, kind))
+        .map(|&i| culprit(&all[i], &ctx, kind))
         .collect();
-    let group_list: Vec<Group> = groups
+    let mut group_list: Vec<(Group, &Vec<usize>)> = groups
         .iter()
-        .map(|((where_, state), members)| Group {
-            where_: where_.clone(),
-            state: state.to_string(),
-            ranks: members
-                .iter()
-                .filter_map(|&i| entries[i].process.rank)
-                .collect(),
-            pids: members.iter().map(|&i| entries[i].process.pid).collect(),
+        .map(|((where_, state), members)| {
+            let group = Group {
+                where_: where_.clone(),
+                state: state.to_string(),
+                ranks: members
+                    .iter()
+                    .filter_map(|&i| entries[i].process.rank)
+                    .collect(),
+                pids: members.iter().map(|&i| entries[i].process.pid).collect(),
+                nodes: members
+                    .iter()
+                    .filter_map(|&i| node_of(&entries[i], &ctx))
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect(),
+            };
+            (group, members)
         })
         .collect();
-    let mut group_list = group_list;
-    group_list.sort_by(|a, b| {
+    group_list.sort_by(|(a, _), (b, _)| {
         b.pids
             .len()
             .cmp(&a.pids.len())
@@ -283,14 +401,40 @@ pub fn roll_call(input: &RollCallInput) -> Verdict {
         &culprit_idx,
         &group_list,
         &filesystems,
-        input,
+        &nodes_not_seen,
+        &ctx,
     );
-    let recommendations = recommend(kind, &all, n_ranks, &culprit_idx, &filesystems, input);
+    let recommendations = recommend(
+        kind,
+        &all,
+        n_ranks,
+        &culprit_idx,
+        &filesystems,
+        &nodes_not_seen,
+        &ctx,
+    );
     let mut warnings = Vec::new();
+    for node in &nodes_not_seen {
+        warnings.push(format!(
+            "node {node} was not seen: its observations did not arrive, so its ranks are not in this verdict"
+        ));
+    }
+    for n in nodes {
+        for what in &n.unreadable {
+            match &n.node {
+                Some(name) if ctx.multi => warnings.push(format!("node {name}: {what}")),
+                _ => warnings.push(what.clone()),
+            }
+        }
+    }
     for entry in entries {
         for issue in &entry.process.read_issues {
+            let node = match ctx.node_name(entry) {
+                Some(name) if ctx.multi => format!("node {name}, "),
+                _ => String::new(),
+            };
             warnings.push(format!(
-                "{} (pid {}): {issue}",
+                "{} ({node}pid {}): {issue}",
                 entry.label(),
                 entry.process.pid
             ));
@@ -301,19 +445,39 @@ pub fn roll_call(input: &RollCallInput) -> Verdict {
         version: VERDICT_VERSION,
         kind,
         summary,
-        stalled_for_s: input.stalled_for_s,
+        stalled_for_s: options.stalled_for_s,
         culprits,
-        groups: group_list,
+        groups: group_list.into_iter().map(|(g, _)| g).collect(),
         filesystems,
         actions: Vec::new(),
-        observed_at_unix_s: input.now_unix_s,
-        node: input.node.clone(),
+        observed_at_unix_s: nodes
+            .iter()
+            .filter_map(|n| n.observed_at_unix_s)
+            .max_by(f64::total_cmp),
+        node: match nodes {
+            [one] => one.node.clone(),
+            _ => None,
+        },
         recommendations,
         warnings,
-        ranks: entries
-            .iter()
-            .map(|e| rank_report(e, &all[n_ranks..], input))
-            .collect(),
+        ranks: {
+            // Each rank's workers, found by (node, rank pid) once rather than by a scan per rank.
+            let mut workers_of: HashMap<(usize, i32), Vec<&Entry>> = HashMap::new();
+            for w in &all[n_ranks..] {
+                workers_of
+                    .entry((w.node, w.rank_pid()))
+                    .or_default()
+                    .push(w);
+            }
+            entries
+                .iter()
+                .map(|e| {
+                    let workers = workers_of.get(&(e.node, e.process.pid));
+                    rank_report(e, workers.map_or(&[][..], Vec::as_slice), &ctx)
+                })
+                .collect()
+        },
+        nodes_not_seen,
     }
 }
 
@@ -329,8 +493,20 @@ fn group_entries(entries: &[Entry]) -> BTreeMap<(String, char), Vec<usize>> {
     groups
 }
 
-fn node_of(entry: &Entry, input: &RollCallInput) -> Option<String> {
-    entry.process.node.clone().or_else(|| input.node.clone())
+fn node_of(entry: &Entry, ctx: &Ctx) -> Option<String> {
+    entry
+        .process
+        .node
+        .clone()
+        .or_else(|| ctx.node_name(entry).map(str::to_string))
+}
+
+/// The rank entry (an index into the ranks) that `entry` stands for: itself, or its rank for a worker.
+fn rank_entry_of(entry: &Entry, ranks: &[Entry]) -> Option<usize> {
+    let pid = entry.rank_pid();
+    ranks
+        .iter()
+        .position(|r| r.node == entry.node && r.process.pid == pid)
 }
 
 fn thread_of<'a>(entry: &'a Entry) -> Option<&'a hangwatch_model::ThreadObservation> {
@@ -350,9 +526,35 @@ fn killable(entry: &Entry) -> Option<bool> {
     Some(entry.position.state != 'D' || wchan.contains("killable"))
 }
 
-fn culprit(entry: &Entry, input: &RollCallInput, kind: VerdictKind) -> Culprit {
+/// Where `entry` is, as the verdict says it.
+fn place(entry: &Entry, ctx: &Ctx) -> RankPlace {
     let thread = thread_of(entry);
     let file = entry.position.file.as_ref();
+    RankPlace {
+        rank: entry
+            .process
+            .worker_of
+            .as_ref()
+            .map_or(entry.process.rank, |w| w.rank),
+        node: node_of(entry, ctx),
+        pid: entry.process.pid,
+        comm: entry.process.comm.clone(),
+        state: entry.position.state.to_string(),
+        where_: entry.position.where_.clone(),
+        wchan: thread.and_then(|t| t.wchan.clone()),
+        syscall: entry.position.syscall_name.clone(),
+        path: file.map(|f| f.path.clone()),
+        mount: file.and_then(|f| f.mount.clone()),
+        fstype: file.and_then(|f| f.fstype.clone()),
+        not_running_for_ms: thread.and_then(|t| t.not_running_for_ms),
+        tracer_pid: entry.process.tracer_pid.filter(|p| *p != 0),
+        sigstop_pending: Some(entry.process.sigstop_pending),
+        python_stack: entry.position.python_stack.clone(),
+    }
+}
+
+fn culprit(entry: &Entry, ctx: &Ctx, kind: VerdictKind) -> Culprit {
+    let thread = thread_of(entry);
     let worker = entry.process.worker_of.as_ref().map(|w| WorkerRef {
         pid: entry.process.pid,
         parent_pid: w.parent_pid,
@@ -370,28 +572,11 @@ fn culprit(entry: &Entry, input: &RollCallInput, kind: VerdictKind) -> Culprit {
         None => reason(entry, kind),
     };
     Culprit {
-        rank: entry
-            .process
-            .worker_of
-            .as_ref()
-            .map_or(entry.process.rank, |w| w.rank),
-        node: node_of(entry, input),
-        pid: entry.process.pid,
+        at: place(entry, ctx),
         tid: entry.position.tid,
-        state: entry.position.state.to_string(),
-        wchan: thread.and_then(|t| t.wchan.clone()),
-        syscall: entry.position.syscall_name.clone(),
-        path: file.map(|f| f.path.clone()),
-        mount: file.and_then(|f| f.mount.clone()),
-        fstype: file.and_then(|f| f.fstype.clone()),
         killable: killable(entry),
-        python_stack: entry.position.python_stack.clone(),
         kernel_stack: thread.and_then(|t| t.kernel_stack.clone()),
         reason: Some(reason),
-        comm: entry.process.comm.clone(),
-        tracer_pid: entry.process.tracer_pid.filter(|p| *p != 0),
-        sigstop_pending: Some(entry.process.sigstop_pending),
-        not_running_for_ms: thread.and_then(|t| t.not_running_for_ms),
         worker,
     }
 }
@@ -443,8 +628,11 @@ fn reason(entry: &Entry, kind: VerdictKind) -> String {
     }
 }
 
-fn fs_words(mount: &str, filesystems: &[FilesystemStatus]) -> String {
-    match filesystems.iter().find(|f| f.mount == mount) {
+fn fs_words(mount: &str, node: Option<&str>, filesystems: &[FilesystemStatus]) -> String {
+    match filesystems
+        .iter()
+        .find(|f| f.mount == mount && f.node.as_deref() == node)
+    {
         Some(fs) => {
             let fstype = fs.fstype.as_deref().unwrap_or("unknown type");
             match fs.responsive {
@@ -457,10 +645,10 @@ fn fs_words(mount: &str, filesystems: &[FilesystemStatus]) -> String {
     }
 }
 
-fn who(entry: &Entry, input: &RollCallInput) -> String {
+fn who(entry: &Entry, ctx: &Ctx) -> String {
     let mut parts = Vec::new();
     parts.extend(worker_role(entry.process));
-    if let Some(node) = node_of(entry, input) {
+    if let Some(node) = node_of(entry, ctx) {
         parts.push(format!("node {node}"));
     }
     if entry.process.worker_of.is_none() {
@@ -469,40 +657,60 @@ fn who(entry: &Entry, input: &RollCallInput) -> String {
     format!("{} ({})", entry.label(), parts.join(", "))
 }
 
-/// `entries`: the ranks (the first `n_ranks`), then the workers; `culprits` index it.
+/// " on node n2" / " on 3 nodes" for a group of a verdict that spans nodes; nothing for one node.
+fn on_nodes(group: &Group, ctx: &Ctx) -> String {
+    match group.nodes.as_slice() {
+        _ if !ctx.multi => String::new(),
+        [] => String::new(),
+        [one] => format!(" on node {one}"),
+        many => format!(" on {} nodes", many.len()),
+    }
+}
+
+/// `entries`: the ranks (the first `n_ranks`), then the workers; `culprits` index it. `groups` carry the indices
+/// of their ranks.
+#[allow(clippy::too_many_arguments)]
 fn summarize(
     kind: VerdictKind,
     entries: &[Entry],
     n_ranks: usize,
     culprits: &[usize],
-    groups: &[Group],
+    groups: &[(Group, &Vec<usize>)],
     filesystems: &[FilesystemStatus],
-    input: &RollCallInput,
+    nodes_not_seen: &[String],
+    ctx: &Ctx,
 ) -> String {
-    if n_ranks == 0 {
+    if n_ranks == 0 && nodes_not_seen.is_empty() {
         return "no rank processes found".to_string();
     }
     let rest = {
-        let culprit_pids: Vec<i32> = culprits.iter().map(|&i| entries[i].rank_pid()).collect();
+        let culprit_ranks: BTreeSet<usize> = culprits
+            .iter()
+            .filter_map(|&i| rank_entry_of(&entries[i], &entries[..n_ranks]))
+            .collect();
         let waiting: Vec<&Group> = groups
             .iter()
-            .filter(|g| g.pids.iter().all(|p| !culprit_pids.contains(p)))
+            .filter(|(_, members)| members.iter().all(|i| !culprit_ranks.contains(i)))
+            .map(|(g, _)| g)
             .collect();
         waiting
             .iter()
             .take(3)
             .map(|g| {
                 let n = g.pids.len();
+                let on = on_nodes(g, ctx);
+                let noun = if n == 1 { "rank" } else { "ranks" };
                 if g.where_.starts_with("exited") {
-                    let noun = if n == 1 { "rank has" } else { "ranks have" };
-                    return format!("{n} {noun} {}", g.where_);
+                    let verb = if n == 1 { "has" } else { "have" };
+                    return format!("{n} {noun}{on} {verb} {}", g.where_);
                 }
-                let noun = if n == 1 { "rank waits" } else { "ranks wait" };
-                format!("{n} {noun} in {}", g.where_)
+                let verb = if n == 1 { "waits" } else { "wait" };
+                format!("{n} {noun}{on} {verb} in {}", g.where_)
             })
             .collect::<Vec<_>>()
             .join("; ")
     };
+    let groups: Vec<&Group> = groups.iter().map(|(g, _)| g).collect();
     let with_rest = |head: String| {
         if rest.is_empty() {
             head
@@ -523,26 +731,35 @@ fn summarize(
             let (on, fs) = match &p.file {
                 Some(f) => (
                     format!(" on {}", f.path),
-                    f.mount.as_deref().map(|m| format!("; {}", fs_words(m, filesystems))).unwrap_or_default(),
+                    f.mount.as_deref().map(|m| format!("; {}", fs_words(m, ctx.node_name(e), filesystems))).unwrap_or_default(),
                 ),
                 None => (String::new(), String::new()),
             };
-            with_rest(format!("{} is in {}{call}{on}{fs}{more}", who(e, input), state_words(p.state)))
+            with_rest(format!("{} is in {}{call}{on}{fs}{more}", who(e, ctx), state_words(p.state)))
         }
-        (VerdictKind::Stopped, Some(e)) => with_rest(format!("{} is {}{more}", who(e, input), state_words(e.position.state))),
-        (VerdictKind::Exited, Some(e)) => with_rest(format!("{} {}{more}", who(e, input), e.position.where_)),
-        (VerdictKind::Busy, Some(e)) => with_rest(format!("{} is computing in {}{more}", who(e, input), e.position.where_)),
+        (VerdictKind::Stopped, Some(e)) => with_rest(format!("{} is {}{more}", who(e, ctx), state_words(e.position.state))),
+        (VerdictKind::Exited, Some(e)) => with_rest(format!("{} {}{more}", who(e, ctx), e.position.where_)),
+        (VerdictKind::Busy, Some(e)) => with_rest(format!("{} is computing in {}{more}", who(e, ctx), e.position.where_)),
         (VerdictKind::Diverged, Some(e)) => with_rest(format!(
             "{} is the odd one out: {} in {}{more}",
-            who(e, input),
+            who(e, ctx),
             state_words(e.position.state),
             e.position.where_
         )),
         (VerdictKind::CollectiveHang, _) => format!(
-            "all {} ranks wait in {}: no rank stands out (a collective that never completes, or a peer on another node)",
+            "all {} ranks{} wait in {}: no rank stands out (a collective that never completes, or a peer on another node)",
             n_ranks,
+            groups.first().map(|g| on_nodes(g, ctx)).unwrap_or_default(),
             groups.first().map(|g| g.where_.as_str()).unwrap_or("the same place")
         ),
+        (VerdictKind::NodeUnreachable, _) => {
+            let (noun, verb, its) =
+                if nodes_not_seen.len() == 1 { ("node", "was", "its") } else { ("nodes", "were", "their") };
+            with_rest(format!(
+                "{noun} {} {verb} not seen: {its} observations did not arrive, and no rank that was seen stands out",
+                nodes_not_seen.join(", ")
+            ))
+        }
         _ => {
             let list = groups
                 .iter()
@@ -561,11 +778,12 @@ fn recommend(
     n_ranks: usize,
     culprits: &[usize],
     filesystems: &[FilesystemStatus],
-    input: &RollCallInput,
+    nodes_not_seen: &[String],
+    ctx: &Ctx,
 ) -> Vec<String> {
     let mut out = Vec::new();
-    let node = input.node.as_deref().unwrap_or("this node");
     for fs in filesystems.iter().filter(|f| f.responsive == Some(false)) {
+        let node = fs.node.as_deref().unwrap_or("this node");
         out.push(format!(
             "the filesystem at {} ({}) on {node} does not respond: check the storage; ranks blocked on it cannot \
              finish until it answers",
@@ -580,7 +798,7 @@ fn recommend(
                 "{} cannot be killed while in D state: end its peers, restart the job on other nodes, and drain or \
                  reboot {} if it stays in D",
                 e.label(),
-                node_of(e, input).unwrap_or_else(|| node.to_string())
+                node_of(e, ctx).unwrap_or_else(|| "this node".to_string())
             ));
         }
         if kind == VerdictKind::Stopped {
@@ -590,6 +808,11 @@ fn recommend(
                 e.process.pid
             ));
         }
+    }
+    for node in nodes_not_seen {
+        out.push(format!(
+            "check node {node}: its hangwatch agent did not report, and its ranks may be the ones holding the job up"
+        ));
     }
     for e in &entries[..n_ranks] {
         if let Some(tracer) = e.process.tracer_pid.filter(|p| *p != 0) {
@@ -627,21 +850,10 @@ fn worker_report(entry: &Entry) -> WorkerReport {
     }
 }
 
-fn rank_report(entry: &Entry, workers: &[Entry], input: &RollCallInput) -> RankReport {
-    let thread = thread_of(entry);
-    let file = entry.position.file.as_ref();
+/// `workers`: the workers of this rank.
+fn rank_report(entry: &Entry, workers: &[&Entry], ctx: &Ctx) -> RankReport {
     RankReport {
-        rank: entry.process.rank,
-        node: node_of(entry, input),
-        pid: entry.process.pid,
-        comm: entry.process.comm.clone(),
-        state: entry.position.state.to_string(),
-        where_: entry.position.where_.clone(),
-        wchan: thread.and_then(|t| t.wchan.clone()),
-        syscall: entry.position.syscall_name.clone(),
-        path: file.map(|f| f.path.clone()),
-        mount: file.and_then(|f| f.mount.clone()),
-        fstype: file.and_then(|f| f.fstype.clone()),
+        at: place(entry, ctx),
         cpu_ms_during_sample: Some(
             entry
                 .process
@@ -650,15 +862,7 @@ fn rank_report(entry: &Entry, workers: &[Entry], input: &RollCallInput) -> RankR
                 .filter_map(|t| t.cpu_ms_during_sample)
                 .sum(),
         ),
-        not_running_for_ms: thread.and_then(|t| t.not_running_for_ms),
-        tracer_pid: entry.process.tracer_pid.filter(|p| *p != 0),
-        sigstop_pending: Some(entry.process.sigstop_pending),
-        python_stack: entry.position.python_stack.clone(),
         threads: entry.process.threads.clone(),
-        workers: workers
-            .iter()
-            .filter(|w| w.rank_pid() == entry.process.pid)
-            .map(worker_report)
-            .collect(),
+        workers: workers.iter().map(|w| worker_report(w)).collect(),
     }
 }

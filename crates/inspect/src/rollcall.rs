@@ -1,5 +1,7 @@
 //! A roll call of rank processes on this node: two /proc samples, Python stacks and rank identities read in
-//! throwaway children between them, probes of the mounts that stuck ranks use, and the verdict.
+//! throwaway children between them, and probes of the mounts that stuck ranks use. It observes only: the result
+//! is the node's [`NodeObservations`], and `hangwatch_diagnosis::decide` makes the verdict from those of every
+//! node.
 //!
 //! Each rank's descendants (its workers: DataLoader, compile, `multiprocessing` children) are sampled too, by the
 //! same safe /proc reads but without Python stacks, so that a worker stuck on a filesystem can be named.
@@ -11,8 +13,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use hangwatch_diagnosis::{mounts_to_probe, roll_call, RollCallInput};
-use hangwatch_model::{ProbeResult, ProcId, ProcessObservation, Verdict, WorkerOf};
+use hangwatch_diagnosis::mounts_to_probe;
+use hangwatch_model::{
+    NodeObservations, ProbeResult, ProcId, ProcessObservation, WorkerOf, NODE_OBSERVATIONS_VERSION,
+};
 use hangwatch_proc::{observe_process, ProcFs, ReadError};
 
 use crate::pystack::{read_python_processes, PythonProcessReport, StackReadOptions};
@@ -25,18 +29,15 @@ pub struct RollCallOptions {
     /// Read Python stacks (and rank identities) in children; off: ranks are identified only by what the caller knows.
     pub read_stacks: bool,
     pub stacks: StackReadOptions,
-    /// Node name for the verdict.
+    /// This node's name, for the observations.
     pub node: Option<String>,
-    /// From a detector, when there is one.
-    pub stalled_for_s: Option<f64>,
 }
 
-/// The roll call's result: the verdict and the observations it was made from.
+/// The roll call's result: what this node saw, ready to decide from or to send.
 #[derive(Debug)]
 pub struct RollCall {
-    pub verdict: Verdict,
-    pub observations: Vec<ProcessObservation>,
-    pub probes: Vec<ProbeResult>,
+    pub observations: NodeObservations,
+    /// How long the roll call took, probes included.
     pub elapsed: Duration,
 }
 
@@ -95,8 +96,8 @@ fn workers_of(procfs: &ProcFs, ranks: &[i32]) -> Vec<Worker> {
     workers
 }
 
-/// Observes `pids` and decides, with what the caller already `known`s about them; `probe` probes the named mounts
-/// (the caller owns the prober, so that a stuck probe is not restarted).
+/// Observes `pids`, with what the caller already `known`s about them; `probe` probes the named mounts (the caller
+/// owns the prober, so that a stuck probe is not restarted).
 pub fn take_roll_call(
     procfs: &ProcFs,
     pids: &[i32],
@@ -176,9 +177,14 @@ pub fn take_roll_call(
         observations.push(observation);
     }
 
+    let mut unreadable = Vec::new();
     let reports: HashMap<i32, PythonProcessReport> = match stack_reader.map(|h| h.join()) {
         Some(Ok(outcome)) => outcome.reports,
-        Some(Err(_)) => HashMap::new(),
+        Some(Err(_)) => {
+            unreadable
+                .push("the Python stack reader failed: no rank has a Python stack".to_string());
+            HashMap::new()
+        }
         None => HashMap::new(),
     };
     for obs in &mut observations {
@@ -225,21 +231,24 @@ pub fn take_roll_call(
     } else {
         probe(&mounts)
     };
-    let verdict = roll_call(&RollCallInput {
-        processes: observations.clone(),
-        probes: probes.clone(),
-        window_ms,
-        node: options.node.clone(),
-        stalled_for_s: options.stalled_for_s,
-        now_unix_s: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .ok()
-            .map(|d| d.as_secs_f64()),
-    });
+    let (ranks, workers) = observations
+        .into_iter()
+        .partition(|o| o.worker_of.is_none());
     RollCall {
-        verdict,
-        observations,
-        probes,
+        observations: NodeObservations {
+            version: NODE_OBSERVATIONS_VERSION,
+            node: options.node.clone(),
+            observed_at_unix_s: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .ok()
+                .map(|d| d.as_secs_f64()),
+            window_ms,
+            ranks,
+            workers,
+            probes,
+            kernel_log: None,
+            unreadable,
+        },
         elapsed: started.elapsed(),
     }
 }

@@ -3,8 +3,10 @@
 //!
 //! Every field that does not apply is `None` and serializes as `null`: hangwatch never invents a value.
 
+mod node;
 mod observation;
 mod verdict;
 
+pub use node::*;
 pub use observation::*;
 pub use verdict::*;

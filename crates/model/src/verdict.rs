@@ -72,6 +72,9 @@ pub struct Verdict {
     /// The full roll call: one entry per rank process, in rank order.
     #[serde(default)]
     pub ranks: Vec<RankReport>,
+    /// Nodes of the job whose observations did not arrive: their ranks are not in this verdict.
+    #[serde(default)]
+    pub nodes_not_seen: Vec<String>,
 }
 
 impl Verdict {
@@ -91,49 +94,70 @@ impl Verdict {
             recommendations: Vec::new(),
             warnings: Vec::new(),
             ranks: Vec::new(),
+            nodes_not_seen: Vec::new(),
         }
     }
 }
 
-/// A rank that holds the others up, with where it is stuck.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Culprit {
+/// A rank and where it is: the part that a culprit and a line of the roll call share (flattened into both, so
+/// the JSON fields of SPEC.md "The verdict" stay where they were).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankPlace {
     pub rank: Option<u32>,
     pub node: Option<String>,
     pub pid: i32,
-    /// The thread that is stuck (equal to `pid` for the main thread).
     #[serde(default)]
-    pub tid: Option<i32>,
+    pub comm: Option<String>,
     /// Process state letter as `ps` shows it (R, S, D, T, t, Z, X, I).
     pub state: String,
+    /// The meaningful frame (`barrier (torch/distributed/distributed_c10d.py)`), or the kernel wait when there is
+    /// no Python stack.
+    #[serde(rename = "where", default)]
+    pub where_: String,
     pub wchan: Option<String>,
     /// The system call by name (`write`), or `null` when not in a system call.
     pub syscall: Option<String>,
     pub path: Option<String>,
     pub mount: Option<String>,
     pub fstype: Option<String>,
-    /// Whether SIGKILL can end it now; `false` for an uninterruptible (D) wait.
-    pub killable: Option<bool>,
-    pub python_stack: Option<Vec<String>>,
-    pub kernel_stack: Option<Vec<String>>,
-    /// Why this rank was named, in words.
+    /// How long the telling thread had not run when observed (no context switch), in milliseconds.
     #[serde(default)]
-    pub reason: Option<String>,
-    #[serde(default)]
-    pub comm: Option<String>,
+    pub not_running_for_ms: Option<u64>,
     /// A tracer (py-spy, strace, gdb) attached to the rank.
     #[serde(default)]
     pub tracer_pid: Option<i32>,
     /// A SIGSTOP is pending: the rank will stop as soon as its system call returns.
     #[serde(default)]
     pub sigstop_pending: Option<bool>,
-    /// How long the stuck thread had not run when observed (no context switch), in milliseconds.
+    pub python_stack: Option<Vec<String>>,
+}
+
+/// A rank that holds the others up: where it is, and why it was named.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Culprit {
+    #[serde(flatten)]
+    pub at: RankPlace,
+    /// The thread that is stuck (equal to `pid` for the main thread).
     #[serde(default)]
-    pub not_running_for_ms: Option<u64>,
+    pub tid: Option<i32>,
+    /// Whether SIGKILL can end it now; `false` for an uninterruptible (D) wait.
+    pub killable: Option<bool>,
+    pub kernel_stack: Option<Vec<String>>,
+    /// Why this rank was named, in words.
+    #[serde(default)]
+    pub reason: Option<String>,
     /// Set when the stuck process is one of the rank's workers rather than the rank itself: `pid`, `state`,
-    /// `syscall`, `path`, `mount` and `fstype` above are then the worker's, `rank` and `node` the rank's.
+    /// `syscall`, `path`, `mount` and `fstype` are then the worker's, `rank` and `node` the rank's.
     #[serde(default)]
     pub worker: Option<WorkerRef>,
+}
+
+// Reads of a culprit's place (`culprit.rank`, `culprit.state`) go straight to the shared part.
+impl std::ops::Deref for Culprit {
+    type Target = RankPlace;
+    fn deref(&self) -> &RankPlace {
+        &self.at
+    }
 }
 
 /// Which worker of a rank a culprit entry is about.
@@ -177,12 +201,19 @@ pub struct Group {
     /// The processes of the group (also those without a known rank).
     #[serde(default)]
     pub pids: Vec<i32>,
+    /// The nodes the group's ranks run on, sorted (a group may span nodes; each line of `ranks` in the verdict
+    /// names its node).
+    #[serde(default)]
+    pub nodes: Vec<String>,
 }
 
 /// Whether a filesystem a rank is blocked on answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FilesystemStatus {
     pub mount: String,
+    /// The node whose probe this is: the same mount can answer on one node and not on another.
+    #[serde(default)]
+    pub node: Option<String>,
     pub fstype: Option<String>,
     /// `null` when it was not probed.
     pub responsive: Option<bool>,
@@ -204,27 +235,21 @@ pub struct ActionRecord {
 /// One line of the roll call: a rank process and where its most telling thread is.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankReport {
-    pub rank: Option<u32>,
-    pub node: Option<String>,
-    pub pid: i32,
-    pub comm: Option<String>,
-    pub state: String,
-    #[serde(rename = "where")]
-    pub where_: String,
-    pub wchan: Option<String>,
-    pub syscall: Option<String>,
-    pub path: Option<String>,
-    pub mount: Option<String>,
-    pub fstype: Option<String>,
+    #[serde(flatten)]
+    pub at: RankPlace,
     pub cpu_ms_during_sample: Option<u64>,
-    pub not_running_for_ms: Option<u64>,
-    pub tracer_pid: Option<i32>,
-    pub sigstop_pending: Option<bool>,
-    pub python_stack: Option<Vec<String>>,
     /// Every thread, as observed.
     #[serde(default)]
     pub threads: Vec<crate::ThreadObservation>,
     /// The rank's worker processes (its descendants), by the cheap /proc reads only.
     #[serde(default)]
     pub workers: Vec<WorkerReport>,
+}
+
+// Reads of a line's place (`report.rank`, `report.where_`) go straight to the shared part.
+impl std::ops::Deref for RankReport {
+    type Target = RankPlace;
+    fn deref(&self) -> &RankPlace {
+        &self.at
+    }
 }

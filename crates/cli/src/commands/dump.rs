@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
+use hangwatch_diagnosis::{decide, DecideOptions};
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
 use hangwatch_inspect::ranks::RankFinder;
@@ -59,7 +60,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         read_stacks: !args.no_stacks,
         stacks,
         node: hostname(),
-        stalled_for_s: None,
     };
     let probe_timeout = args.probe_timeout;
     let rollcall = take_roll_call(&procfs, &pids, &HashMap::new(), &options, |mounts| {
@@ -70,13 +70,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ranks = pids.len(),
         "roll call done"
     );
+    // One node: the same decision as for a whole job, over a slice of one.
+    let verdict = decide(
+        std::slice::from_ref(&rollcall.observations),
+        &DecideOptions::default(),
+    );
     if args.json {
-        crate::output::print_json(&rollcall.verdict)?;
+        crate::output::print_json(&verdict)?;
     } else {
-        print!(
-            "{}",
-            hangwatch_agent::render::verdict_text(&rollcall.verdict)
-        );
+        print!("{}", hangwatch_agent::render::verdict_text(&verdict));
         eprintln!(
             "(roll call of {} processes in {})",
             pids.len(),

@@ -1,0 +1,59 @@
+//! A node's observations: everything one roll call saw on one node, before any decision. This is what crosses the
+//! wire from an agent to whoever decides (`hangwatch-diagnosis`), so it carries no verdict.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ProbeResult, ProcessObservation};
+
+/// The version of [`NodeObservations`]; bumped only on incompatible changes.
+pub const NODE_OBSERVATIONS_VERSION: u32 = 1;
+
+/// What one node saw during one roll call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeObservations {
+    /// [`NODE_OBSERVATIONS_VERSION`] of the sender.
+    pub version: u32,
+    /// The node's name (its hostname); `None` when it could not be read.
+    pub node: Option<String>,
+    /// Seconds since the Unix epoch when the observations were complete.
+    pub observed_at_unix_s: Option<f64>,
+    /// Milliseconds between the two /proc samples: a thread that did not run in it "is not running".
+    pub window_ms: u64,
+    /// The rank processes (`worker_of` unset), in the order they were named.
+    pub ranks: Vec<ProcessObservation>,
+    /// The ranks' descendants (`worker_of` set): never ranks themselves.
+    #[serde(default)]
+    pub workers: Vec<ProcessObservation>,
+    /// Probes of the mounts that stuck threads use (`hangwatch_diagnosis::mounts_to_probe`).
+    #[serde(default)]
+    pub probes: Vec<ProbeResult>,
+    /// What the node's kernel log said since the job started, when it was followed.
+    #[serde(default)]
+    pub kernel_log: Option<hangwatch_kmsg::Report>,
+    /// What could not be read on this node as a whole, in words (per-process failures are in each process's
+    /// `read_issues`).
+    #[serde(default)]
+    pub unreadable: Vec<String>,
+}
+
+impl NodeObservations {
+    /// Observations of `node` with nothing seen yet.
+    pub fn new(node: Option<String>, window_ms: u64) -> Self {
+        Self {
+            version: NODE_OBSERVATIONS_VERSION,
+            node,
+            observed_at_unix_s: None,
+            window_ms,
+            ranks: Vec::new(),
+            workers: Vec::new(),
+            probes: Vec::new(),
+            kernel_log: None,
+            unreadable: Vec::new(),
+        }
+    }
+
+    /// Every process observed: the ranks, then the workers.
+    pub fn processes(&self) -> impl Iterator<Item = &ProcessObservation> {
+        self.ranks.iter().chain(&self.workers)
+    }
+}
