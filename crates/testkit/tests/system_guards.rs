@@ -315,9 +315,22 @@ fn mmap_stall_makes_reads_of_the_rank_memory_map_block() {
         "reading {cmdline} should block during the mmap stall, got {read:?}"
     );
     drop(frozen);
-    ranks
-        .wait_for_line(1, "mmap unmapped", STEP_TIMEOUT)
-        .unwrap();
+    // After the thaw the stall clears one of two ways: the write completes and munmap follows ("mmap unmapped"),
+    // or the kernel retries the write fault after munmap won the race for the area and the rank dies of SIGSEGV
+    // (seen in about one run in ten). Either way nothing is left blocked, which is what this test is about.
+    let pid = ranks.pid(1);
+    let cleared = wait_until(STEP_TIMEOUT, Duration::from_millis(20), || {
+        ranks.printed(1, "mmap unmapped") || is_dead(pid)
+    });
+    assert!(
+        cleared,
+        "the mmap stall did not clear after the thaw; rank 1's threads: {:?}",
+        task_states(pid)
+    );
+    if !is_dead(pid) {
+        run_tool("cat", &[&cmdline], Duration::from_secs(5))
+            .expect("cmdline is readable again after the thaw");
+    }
 }
 
 #[test]

@@ -32,6 +32,10 @@ Examples:
   hangwatch run -- torchrun --nproc-per-node 8 train.py   the launcher's Python descendants with RANK are the ranks
   hangwatch run --stall-after 5m --action observe -- python train.py
 
+Signals (Ctrl-C, scancel, a time limit): SIGINT/SIGTERM/SIGHUP go on to the job, after a bounded roll call when
+the job is stuck (its evidence is kept first); the job has --grace to end, then SIGKILL; a second signal kills at
+once. If hangwatch itself is killed, the job's processes are killed too. See docs/run.md.
+
 Exit code: the job's own when it ends by itself (128+N when killed by signal N); 75 when hangwatch ended a hung
 job (retryable); 2 for usage errors; 1 for hangwatch's own failures."
 )]
