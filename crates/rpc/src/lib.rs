@@ -17,7 +17,6 @@ use hangwatch_model::{NodeObservations, NODE_OBSERVATIONS_VERSION};
 
 /// The generated messages, client and server of `proto/coordinator.proto`.
 pub mod pb {
-    #![expect(clippy::unwrap_used, reason = "generated code")]
     tonic::include_proto!("hangwatch.coordinator.v1");
 }
 
