@@ -18,7 +18,9 @@ const BEARER: &str = "Bearer ";
 pub enum TokenError {
     #[error("the job token is empty: put a random secret (e.g. `openssl rand -hex 32`) in the token file")]
     Empty,
-    #[error("the job token may only hold printable ASCII without spaces (it travels in a gRPC header)")]
+    #[error(
+        "the job token may only hold printable ASCII without spaces (it travels in a gRPC header)"
+    )]
     NotPrintable,
 }
 

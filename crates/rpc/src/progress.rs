@@ -39,7 +39,12 @@ impl ProgressCoalescer {
 
     /// The report to send at `now`, when an interval has passed since the last one (or none was sent yet).
     /// Ages are measured from `now`; a rank that never made progress is as old as the agent's watch (`started`).
-    pub fn due(&mut self, session_id: u64, now: Instant, started: Instant) -> Option<ProgressReport> {
+    pub fn due(
+        &mut self,
+        session_id: u64,
+        now: Instant,
+        started: Instant,
+    ) -> Option<ProgressReport> {
         if let Some(last) = self.last_sent {
             if now.saturating_duration_since(last) < self.interval {
                 return None;
@@ -100,7 +105,9 @@ mod tests {
             ]
         );
         assert!(c.due(7, at(1500), t0).is_none());
-        let idle = c.due(7, at(2000), t0).expect("sent even when nothing moved");
+        let idle = c
+            .due(7, at(2000), t0)
+            .expect("sent even when nothing moved");
         assert_eq!(idle.ranks[0].last_progress_age_ms, 1400);
     }
 }
