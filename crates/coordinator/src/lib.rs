@@ -62,8 +62,8 @@ pub struct RollCallOutcome {
     pub answered: Vec<String>,
     /// The nodes ordered to answer that did not in time (or could not be ordered: no open session).
     pub not_answered: Vec<String>,
-    /// The observations that came back, by node name (for each node's evidence bundle).
-    pub observations: BTreeMap<String, NodeObservations>,
+    /// The observations that came back, in node-name order (for each node's evidence bundle).
+    pub observations: Vec<NodeObservations>,
 }
 
 /// An open order stream to one agent.
@@ -229,9 +229,10 @@ impl Coordinator {
         if !not_answered.is_empty() {
             tracing::warn!(roll_call = id, nodes = ?not_answered, "nodes did not answer the roll call in time");
         }
-        let nodes: Vec<NodeObservations> = observations.values().cloned().collect();
+        // Moved, not cloned: at 1,250 nodes the observations are over 100 MiB.
+        let observations: Vec<NodeObservations> = observations.into_values().collect();
         let verdict = decide(
-            &nodes,
+            &observations,
             &DecideOptions {
                 stalled_for_s: None,
                 expected_nodes: expected,
