@@ -189,7 +189,8 @@ async fn a_duplicate_node_another_version_and_a_late_join_are_refused_with_a_cle
 #[tokio::test]
 async fn an_agent_that_stops_sending_progress_becomes_unreachable_within_the_silence() {
     let mut cfg = config();
-    cfg.silence = Duration::from_secs(1);
+    // Generous against a loaded machine: a healthy agent reports 30 times per silence.
+    cfg.silence = Duration::from_secs(3);
     cfg.progress_interval = FAST;
     let server = Server::start(cfg).await;
     let mut agents = agents(&server, 3, |_| Answer::Never).await;
@@ -204,8 +205,9 @@ async fn an_agent_that_stops_sending_progress_becomes_unreachable_within_the_sil
         .await,
         "n2 never became unreachable"
     );
+    // Its last report left at most one interval before it fell silent.
     assert!(
-        silent_at.elapsed() >= Duration::from_secs(1),
+        silent_at.elapsed() >= Duration::from_secs(3) - FAST,
         "not before the configured silence"
     );
     assert_eq!(
