@@ -32,8 +32,8 @@ enum Command {
     Kmsg(commands::kmsg::Args),
     /// Is the filesystem holding PATH responsive? Never blocks longer than the timeout.
     Probe(commands::probe::Args),
-    /// The multi-node coordinator.
-    Coordinator(commands::not_yet::Args),
+    /// The multi-node coordinator: agents of one job join it, it names the hung rank across nodes.
+    Coordinator(commands::coordinator::Args),
     /// Past verdicts kept on this machine.
     History(commands::not_yet::Args),
     /// What on this machine would make a hang silent or hangwatch blind.
@@ -72,10 +72,10 @@ fn main() -> ExitCode {
         Command::Kmsg(args) => commands::kmsg::run(args),
         Command::Demo(args) => commands::demo::run(args),
         Command::Probe(args) => commands::probe::run(args),
-        Command::Coordinator(args)
-        | Command::History(args)
-        | Command::Doctor(args)
-        | Command::Report(args) => commands::not_yet::run(name, args),
+        Command::Coordinator(args) => commands::coordinator::run(args),
+        Command::History(args) | Command::Doctor(args) | Command::Report(args) => {
+            commands::not_yet::run(name, args)
+        }
         Command::InspectChild(args) => commands::inspect_child::run(args),
         Command::ProbeChild(args) => commands::probe::run_child(args),
         Command::LogWriter(args) => commands::log_writer::run(args),

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod coordinator;
 pub mod demo;
 pub mod dump;
 pub mod inspect_child;

@@ -1,0 +1,347 @@
+//! Who is in the job and who is still heard from: registration rules (version, job, duplicates, late joins) and
+//! liveness after a silence. Pure: `now` is an argument, no clock, no I/O.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use hangwatch_rpc::{Refusal, RefusalKind, PROTOCOL_VERSION};
+
+/// What an agent asks to register.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    pub protocol_version: u32,
+    pub job_id: String,
+    pub node: String,
+    pub node_rank: u32,
+    pub ranks: Vec<u32>,
+}
+
+/// The latest progress an agent reported for one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankProgress {
+    pub rank: u32,
+    pub step: Option<u64>,
+    /// How old the rank's last progress was when the report arrived.
+    pub age: Duration,
+    pub reported_at: Instant,
+}
+
+/// One registered node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub node: String,
+    pub node_rank: u32,
+    pub ranks: Vec<u32>,
+    pub session_id: u64,
+    pub registered_at: Instant,
+    pub last_heard: Instant,
+    pub progress: Vec<RankProgress>,
+}
+
+/// Whether a node is still heard from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    Live,
+    /// Nothing heard for `silent_for`, at least the configured silence: the node is `node_unreachable`.
+    Unreachable {
+        silent_for: Duration,
+    },
+}
+
+/// The nodes of one job.
+#[derive(Debug)]
+pub struct Membership {
+    job_id: Option<String>,
+    expected_nodes: Option<usize>,
+    silence: Duration,
+    nodes: BTreeMap<String, Member>,
+    next_session: u64,
+}
+
+impl Membership {
+    /// `job_id: None` takes the job of the first registration. `expected_nodes: Some(n)` closes the job once `n`
+    /// nodes have registered. `session_seed` makes session ids differ from one coordinator run to the next, so an
+    /// agent's session from before a restart is not mistaken for another node's.
+    pub fn new(
+        job_id: Option<String>,
+        expected_nodes: Option<usize>,
+        silence: Duration,
+        session_seed: u64,
+    ) -> Self {
+        Self {
+            job_id,
+            expected_nodes,
+            silence,
+            nodes: BTreeMap::new(),
+            next_session: session_seed.max(1),
+        }
+    }
+
+    pub fn job_id(&self) -> Option<&str> {
+        self.job_id.as_deref()
+    }
+
+    /// Admits a node and returns its new session id, or says why not. A node that registers again after it went
+    /// silent (an agent restart, a healed link) replaces its old session.
+    pub fn register(&mut self, r: Registration, now: Instant) -> Result<u64, Refusal> {
+        if r.protocol_version != PROTOCOL_VERSION {
+            return Err(Refusal::new(
+                RefusalKind::VersionMismatch,
+                format!(
+                    "node {:?} speaks coordinator protocol {}, this coordinator speaks {}: run the same hangwatch version on every node",
+                    r.node, r.protocol_version, PROTOCOL_VERSION
+                ),
+            ));
+        }
+        if r.node.is_empty() {
+            return Err(Refusal::new(
+                RefusalKind::BadRequest,
+                "registration without a node name: the agent sends its hostname",
+            ));
+        }
+        if let Some(job) = &self.job_id {
+            if *job != r.job_id {
+                return Err(Refusal::new(
+                    RefusalKind::OtherJob,
+                    format!(
+                        "node {} belongs to job {:?}, this coordinator serves job {job:?}: check --coordinator and the token file",
+                        r.node, r.job_id
+                    ),
+                ));
+            }
+        }
+        if let Some(old) = self.nodes.get(&r.node) {
+            if self.is_live(old, now) {
+                return Err(Refusal::new(
+                    RefusalKind::DuplicateNode,
+                    format!(
+                        "node {} is already registered (node rank {}, heard from {:.1}s ago): is a second agent running on it, or do two nodes share a hostname?",
+                        r.node,
+                        old.node_rank,
+                        now.saturating_duration_since(old.last_heard).as_secs_f64()
+                    ),
+                ));
+            }
+        } else {
+            if let Some(other) = self
+                .nodes
+                .values()
+                .find(|m| m.node_rank == r.node_rank && self.is_live(m, now))
+            {
+                return Err(Refusal::new(
+                    RefusalKind::DuplicateNode,
+                    format!(
+                        "node rank {} is already taken by node {}; node {} must use another --node-rank",
+                        r.node_rank, other.node, r.node
+                    ),
+                ));
+            }
+            if let Some(expected) = self.expected_nodes {
+                if self.nodes.len() >= expected {
+                    return Err(Refusal::new(
+                        RefusalKind::JobComplete,
+                        format!(
+                            "job {:?} is complete: its {expected} nodes have registered ({}); node {} is not one of them (late join): check --nnodes",
+                            r.job_id,
+                            self.nodes.keys().cloned().collect::<Vec<_>>().join(", "),
+                            r.node
+                        ),
+                    ));
+                }
+            }
+        }
+        self.job_id.get_or_insert_with(|| r.job_id.clone());
+        let session_id = self.next_session;
+        self.next_session = self.next_session.wrapping_add(1).max(1);
+        self.nodes.insert(
+            r.node.clone(),
+            Member {
+                node: r.node,
+                node_rank: r.node_rank,
+                ranks: r.ranks,
+                session_id,
+                registered_at: now,
+                last_heard: now,
+                progress: Vec::new(),
+            },
+        );
+        Ok(session_id)
+    }
+
+    /// The node of a current session.
+    pub fn node_of(&self, session_id: u64) -> Option<&Member> {
+        self.nodes.values().find(|m| m.session_id == session_id)
+    }
+
+    /// A sign of life from `session_id` at `now`, with the progress it reported (if any). Returns the node, or
+    /// `None` for a session that is not current (replaced, or from before a restart).
+    pub fn heard(
+        &mut self,
+        session_id: u64,
+        now: Instant,
+        progress: Option<Vec<RankProgress>>,
+    ) -> Option<&str> {
+        let member = self
+            .nodes
+            .values_mut()
+            .find(|m| m.session_id == session_id)?;
+        member.last_heard = member.last_heard.max(now);
+        if let Some(p) = progress {
+            member.progress = p;
+        }
+        Some(&member.node)
+    }
+
+    fn is_live(&self, m: &Member, now: Instant) -> bool {
+        now.saturating_duration_since(m.last_heard) < self.silence
+    }
+
+    /// Every node's liveness at `now`, by node name.
+    pub fn liveness(&self, now: Instant) -> Vec<(&str, Liveness)> {
+        self.nodes
+            .values()
+            .map(|m| {
+                let silent_for = now.saturating_duration_since(m.last_heard);
+                let l = if silent_for < self.silence {
+                    Liveness::Live
+                } else {
+                    Liveness::Unreachable { silent_for }
+                };
+                (m.node.as_str(), l)
+            })
+            .collect()
+    }
+
+    /// The nodes that are `node_unreachable` at `now`.
+    pub fn unreachable(&self, now: Instant) -> Vec<String> {
+        self.liveness(now)
+            .into_iter()
+            .filter(|(_, l)| matches!(l, Liveness::Unreachable { .. }))
+            .map(|(n, _)| n.to_string())
+            .collect()
+    }
+
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        self.nodes.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SILENCE: Duration = Duration::from_secs(5);
+
+    fn reg(node: &str, node_rank: u32) -> Registration {
+        Registration {
+            protocol_version: PROTOCOL_VERSION,
+            job_id: "job-42".into(),
+            node: node.into(),
+            node_rank,
+            ranks: vec![node_rank * 8, node_rank * 8 + 1],
+        }
+    }
+
+    fn refused(m: &mut Membership, r: Registration, now: Instant) -> Refusal {
+        m.register(r, now).expect_err("refused")
+    }
+
+    #[test]
+    fn a_node_that_falls_silent_becomes_unreachable_after_the_silence_and_live_again_when_heard() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut m = Membership::new(None, None, SILENCE, 1);
+        let s1 = m.register(reg("n1", 0), t0).expect("n1");
+        let s2 = m.register(reg("n2", 1), t0).expect("n2");
+        assert_ne!(s1, s2);
+        for ms in (1000..=10_000).step_by(1000) {
+            m.heard(s1, at(ms), None).expect("current session");
+        }
+        assert!(m.unreachable(at(4999)).is_empty());
+        assert_eq!(m.unreachable(at(5000)), vec!["n2".to_string()]);
+        assert_eq!(
+            m.liveness(at(7000)),
+            vec![
+                ("n1", Liveness::Live),
+                (
+                    "n2",
+                    Liveness::Unreachable {
+                        silent_for: Duration::from_secs(7)
+                    }
+                )
+            ]
+        );
+        assert_eq!(m.heard(s2, at(8000), None), Some("n2"));
+        assert!(m.unreachable(at(8000)).is_empty());
+        assert_eq!(m.heard(999, at(8000), None), None, "an unknown session");
+        // A late sign of life does not move the clock back.
+        m.heard(s1, at(9000), None);
+        assert!(m.unreachable(at(14_999)).iter().all(|n| n != "n1"));
+    }
+
+    #[test]
+    fn duplicates_other_jobs_other_versions_and_late_joins_are_refused_with_what_to_do() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(Some("job-42".into()), Some(2), SILENCE, 1);
+        m.register(reg("n1", 0), t0).expect("n1");
+
+        let r = refused(&mut m, reg("n1", 0), t0);
+        assert_eq!(r.kind, RefusalKind::DuplicateNode);
+        assert!(
+            r.message.contains("node n1 is already registered"),
+            "{}",
+            r.message
+        );
+        let r = refused(&mut m, reg("n9", 0), t0);
+        assert_eq!(r.kind, RefusalKind::DuplicateNode);
+        assert!(r
+            .message
+            .contains("node rank 0 is already taken by node n1"));
+
+        let mut other = reg("n2", 1);
+        other.job_id = "job-7".into();
+        assert_eq!(refused(&mut m, other, t0).kind, RefusalKind::OtherJob);
+        let mut old = reg("n2", 1);
+        old.protocol_version = PROTOCOL_VERSION + 1;
+        let r = refused(&mut m, old, t0);
+        assert_eq!(r.kind, RefusalKind::VersionMismatch);
+        assert!(
+            r.message.contains("same hangwatch version"),
+            "{}",
+            r.message
+        );
+        assert_eq!(
+            refused(&mut m, reg("", 1), t0).kind,
+            RefusalKind::BadRequest
+        );
+
+        m.register(reg("n2", 1), t0).expect("n2 completes the job");
+        let r = refused(&mut m, reg("n3", 2), t0);
+        assert_eq!(r.kind, RefusalKind::JobComplete);
+        assert!(
+            r.message.contains("its 2 nodes have registered (n1, n2)"),
+            "{}",
+            r.message
+        );
+        assert_eq!(m.members().count(), 2, "refusals change nothing");
+    }
+
+    #[test]
+    fn a_silent_node_may_register_again_and_replaces_its_old_session() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(None, Some(1), SILENCE, 1);
+        let old = m.register(reg("n1", 0), t0).expect("n1");
+        let later = t0 + SILENCE;
+        let new = m
+            .register(reg("n1", 0), later)
+            .expect("rejoin after silence");
+        assert_ne!(old, new);
+        assert_eq!(m.heard(old, later, None), None, "the old session is gone");
+        assert_eq!(m.node_of(new).map(|n| n.node.as_str()), Some("n1"));
+        assert_eq!(
+            m.job_id(),
+            Some("job-42"),
+            "the first registration names the job"
+        );
+    }
+}

@@ -1,0 +1,9 @@
+//! Compiles proto/coordinator.proto with protox (pure Rust), so building needs no protoc binary.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "proto/coordinator.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let descriptors = protox::compile([proto], ["proto"])?;
+    tonic_prost_build::configure().compile_fds(descriptors)?;
+    Ok(())
+}

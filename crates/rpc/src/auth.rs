@@ -1,0 +1,171 @@
+//! The per-job token: kept out of logs, attached to every call by agents, checked in constant time on every call
+//! by the coordinator before any handler runs.
+
+use std::fmt;
+use std::sync::Arc;
+
+use subtle::ConstantTimeEq;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Status};
+
+/// The metadata header that carries the token, as `Bearer <token>`.
+pub const TOKEN_HEADER: &str = "authorization";
+
+const BEARER: &str = "Bearer ";
+
+/// A token that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("the job token is empty: put a random secret (e.g. `openssl rand -hex 32`) in the token file")]
+    Empty,
+    #[error(
+        "the job token may only hold printable ASCII without spaces (it travels in a gRPC header)"
+    )]
+    NotPrintable,
+}
+
+/// The shared secret of one job. `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JobToken(Arc<str>);
+
+impl JobToken {
+    /// A token from the contents of a token file; surrounding whitespace (a trailing newline) is not part of it.
+    pub fn new(text: &str) -> Result<Self, TokenError> {
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(TokenError::Empty);
+        }
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(TokenError::NotPrintable);
+        }
+        Ok(Self(token.into()))
+    }
+
+    fn matches(&self, presented: &str) -> bool {
+        // Constant time for equal lengths; the length of the token is not the secret.
+        bool::from(self.0.as_bytes().ct_eq(presented.as_bytes()))
+    }
+}
+
+impl fmt::Debug for JobToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("JobToken(<redacted>)")
+    }
+}
+
+/// Server side: refuses a call whose token is missing or wrong before it reaches a handler, and logs the peer.
+#[derive(Clone, Debug)]
+pub struct CheckToken {
+    token: JobToken,
+}
+
+impl CheckToken {
+    pub fn new(token: JobToken) -> Self {
+        Self { token }
+    }
+}
+
+impl tonic::service::Interceptor for CheckToken {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let presented = request
+            .metadata()
+            .get(TOKEN_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix(BEARER));
+        let problem = match presented {
+            Some(t) if self.token.matches(t) => return Ok(request),
+            Some(_) => "wrong job token",
+            None => "no job token",
+        };
+        let peer = request
+            .remote_addr()
+            .map_or_else(|| "unknown".to_string(), |a| a.to_string());
+        tracing::warn!(%peer, problem, "refused a call to the coordinator");
+        Err(Status::unauthenticated(format!(
+            "{problem}: every node of the job must use the job's token file (header `{TOKEN_HEADER}: Bearer <token>`)"
+        )))
+    }
+}
+
+/// Client side: attaches the token to every call.
+#[derive(Clone, Debug)]
+pub struct SendToken {
+    header: MetadataValue<tonic::metadata::Ascii>,
+}
+
+impl SendToken {
+    pub fn new(token: &JobToken) -> Self {
+        let mut header: MetadataValue<tonic::metadata::Ascii> = format!("{BEARER}{}", token.0)
+            .parse()
+            // JobToken::new admits printable ASCII only, which is always a valid header value.
+            .unwrap_or_else(|_| MetadataValue::from_static(""));
+        header.set_sensitive(true);
+        Self { header }
+    }
+
+    /// A client that sends no token at all (tests of the refusal).
+    pub fn none() -> Self {
+        Self {
+            header: MetadataValue::from_static(""),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for SendToken {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if !self.header.is_empty() {
+            request
+                .metadata_mut()
+                .insert(TOKEN_HEADER, self.header.clone());
+        }
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::service::Interceptor;
+
+    fn call(check: &mut CheckToken, header: Option<&str>) -> Result<(), Status> {
+        let mut request = Request::new(());
+        if let Some(h) = header {
+            request
+                .metadata_mut()
+                .insert(TOKEN_HEADER, h.parse().expect("ascii header"));
+        }
+        check.call(request).map(|_| ())
+    }
+
+    #[test]
+    fn only_the_right_token_passes() {
+        let token = JobToken::new("s3cret\n").expect("token");
+        let mut check = CheckToken::new(token.clone());
+        assert!(call(&mut check, Some("Bearer s3cret")).is_ok());
+        for bad in [
+            None,
+            Some("Bearer s3cre"),
+            Some("Bearer s3cret2"),
+            Some("s3cret"),
+            Some("Bearer "),
+        ] {
+            let err = call(&mut check, bad).expect_err("refused");
+            assert_eq!(err.code(), tonic::Code::Unauthenticated, "{bad:?}");
+            assert!(err.message().contains("job token"), "{}", err.message());
+        }
+        let mut send = SendToken::new(&token);
+        let sent = send.call(Request::new(())).expect("sent");
+        assert!(check.call(sent).is_ok());
+    }
+
+    #[test]
+    fn tokens_are_checked_for_shape_and_never_printed() {
+        assert!(matches!(JobToken::new(" \n"), Err(TokenError::Empty)));
+        assert!(matches!(
+            JobToken::new("a b"),
+            Err(TokenError::NotPrintable)
+        ));
+        let t = JobToken::new("abc").expect("token");
+        assert_eq!(format!("{t:?}"), "JobToken(<redacted>)");
+    }
+}
