@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hangwatch_diagnosis::{DetectorConfig, ProgressSource, Threshold};
+pub use hangwatch_model::error_chain;
 use hangwatch_model::{ProbeResult, ProcessObservation, Verdict};
 use hangwatch_safefs::{PrivateDir, SafeFsError};
 use serde::Serialize;
@@ -275,18 +276,6 @@ pub fn writer_child_main(dir: &Path, input: impl std::io::Read) -> Result<usize,
         serde_json::from_reader(input).map_err(|e| format!("bad evidence on stdin: {e}"))?;
     let written = write_files(dir, &files).map_err(|e| error_chain(&e))?;
     Ok(written.len())
-}
-
-/// An error and its causes on one line, for a log message.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 fn json<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {

@@ -3,6 +3,7 @@
 //! environment (passed in through [`Env`]) and of a node-local test, unit-tested below; the directories
 //! themselves are opened through [`hangwatch_safefs`] (0700, ours, never a symlink).
 
+pub use hangwatch_model::error_chain;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -220,18 +221,6 @@ pub fn refuse_planted(dir: &PrivateDir, names: &[&str]) -> Result<(), SafeFsErro
         }
     }
     Ok(())
-}
-
-/// An error and its causes on one line.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 /// `20261129T214500Z` from seconds since the epoch.

@@ -6,6 +6,7 @@
 //! and can abandon it. When the sink goes away, the child still writes what it has already read, then exits.
 //! With a size cap it also rotates the destination (`rotate.rs`), between lines.
 
+pub(crate) use hangwatch_model::error_chain;
 use std::io::{Read, Write};
 use std::path::Path;
 
@@ -247,18 +248,6 @@ pub fn writer_main(dest: &Path, private: bool, rotation: Option<Rotation>) -> u8
             1
         }
     }
-}
-
-/// An error and its causes on one line.
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -3,10 +3,12 @@
 //!
 //! Every field that does not apply is `None` and serializes as `null`: hangwatch never invents a value.
 
+mod errors;
 mod node;
 mod observation;
 mod verdict;
 
+pub use errors::error_chain;
 pub use node::*;
 pub use observation::*;
 pub use verdict::*;
