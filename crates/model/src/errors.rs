@@ -17,8 +17,7 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
 mod tests {
     #[test]
     fn every_cause_is_named_in_order() {
-        let inner = std::io::Error::other("disk full");
-        let outer = std::io::Error::new(std::io::ErrorKind::Other, Wrapped(inner));
+        let outer = Wrapped(std::io::Error::other("disk full"));
         assert_eq!(
             super::error_chain(&outer),
             "cannot write the log: disk full"
