@@ -93,12 +93,13 @@ pub struct Args {
     /// Do not mirror the job's output on the console (it still goes to the log file).
     #[arg(long)]
     quiet: bool,
-    /// Number of nodes (torchrun's --nnodes; default from SLURM_NNODES, else 1).
-    #[arg(long, env = "SLURM_NNODES", default_value = "1")]
-    nnodes: u32,
-    /// This node's rank (default from SLURM_NODEID, else 0).
-    #[arg(long, env = "SLURM_NODEID", default_value = "0")]
-    node_rank: u32,
+    /// Number of nodes (torchrun's --nnodes) [default: the nodes of the Slurm step hangwatch runs in (srun), else 1:
+    /// a batch script runs on one node only, whatever the allocation].
+    #[arg(long)]
+    nnodes: Option<u32>,
+    /// This node's rank [default: SLURM_NODEID inside an srun step, else 0].
+    #[arg(long)]
+    node_rank: Option<u32>,
     /// MASTER_ADDR for the ranks.
     #[arg(long, default_value = "127.0.0.1")]
     master_addr: String,
@@ -124,10 +125,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.nproc == Some(0) {
         return Err(usage("--nproc must be at least 1"));
     }
-    if args.node_rank >= args.nnodes {
+    let placement = Placement::from_env(|key| std::env::var(key).ok());
+    let nnodes = args.nnodes.unwrap_or(placement.nnodes);
+    let node_rank = args.node_rank.unwrap_or(placement.node_rank);
+    if nnodes == 0 {
+        return Err(usage("--nnodes must be at least 1"));
+    }
+    if node_rank >= nnodes {
         return Err(usage(format!(
-            "--node-rank {} is not below --nnodes {}",
-            args.node_rank, args.nnodes
+            "--node-rank {node_rank} is not below --nnodes {nnodes}"
         )));
     }
     if args.min_stall > args.max_stall {
@@ -168,8 +174,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             command: args.command.clone(),
             nproc: args.nproc,
             socket: None,
-            nnodes: args.nnodes,
-            node_rank: args.node_rank,
+            nnodes,
+            node_rank,
             master_addr: args.master_addr.clone(),
             master_port: args.master_port,
         },
@@ -317,6 +323,36 @@ fn open_report_dir(args: &Args) -> anyhow::Result<hangwatch_safefs::PrivateDir> 
     Ok(report)
 }
 
+/// Where this agent sits in a multi-node job, as the scheduler says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Placement {
+    nnodes: u32,
+    node_rank: u32,
+}
+
+impl Placement {
+    /// Inside an srun step (`SLURM_STEP_ID` set) one agent runs per node of the step: the step's node count and this
+    /// node's id. A batch script (no step id) runs on the allocation's first node alone: counting the allocation's
+    /// nodes there (`SLURM_NNODES`) would make WORLD_SIZE larger than the ranks started, and the job would wait
+    /// forever for ranks that never come.
+    fn from_env(get: impl Fn(&str) -> Option<String>) -> Self {
+        let number = |key: &str| get(key).and_then(|v| v.trim().parse::<u32>().ok());
+        if get("SLURM_STEP_ID").is_none() {
+            return Self {
+                nnodes: 1,
+                node_rank: 0,
+            };
+        }
+        Self {
+            nnodes: number("SLURM_STEP_NUM_NODES")
+                .or_else(|| number("SLURM_NNODES"))
+                .unwrap_or(1)
+                .max(1),
+            node_rank: number("SLURM_NODEID").unwrap_or(0),
+        }
+    }
+}
+
 /// Evidence must be node-local (SPEC promise 4): say so when the report directory is on a network filesystem.
 fn warn_if_shared(dir: &std::path::Path) {
     let Ok(table) = hangwatch_proc::ProcFs::new("/proc").mountinfo(std::process::id() as i32)
@@ -334,5 +370,63 @@ fn warn_if_shared(dir: &std::path::Path) {
                 mount.fstype
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Placement;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |key| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| (*v).to_string())
+        }
+    }
+
+    #[test]
+    fn a_batch_script_of_a_multi_node_allocation_is_one_node() {
+        // What `sbatch -N2` gives the batch script (seen on a real Slurm): no step id.
+        let batch = [
+            ("SLURM_NNODES", "2"),
+            ("SLURM_JOB_NUM_NODES", "2"),
+            ("SLURM_NODEID", "0"),
+            ("SLURM_PROCID", "0"),
+        ];
+        assert_eq!(
+            Placement::from_env(env(&batch)),
+            Placement {
+                nnodes: 1,
+                node_rank: 0
+            },
+            "WORLD_SIZE must count the ranks this one agent starts"
+        );
+    }
+
+    #[test]
+    fn an_srun_step_has_one_agent_per_node_of_the_step() {
+        let step = [
+            ("SLURM_NNODES", "4"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_STEP_NUM_NODES", "2"),
+            ("SLURM_NODEID", "1"),
+        ];
+        assert_eq!(
+            Placement::from_env(env(&step)),
+            Placement {
+                nnodes: 2,
+                node_rank: 1
+            }
+        );
+        assert_eq!(
+            Placement::from_env(env(&[])),
+            Placement {
+                nnodes: 1,
+                node_rank: 0
+            },
+            "outside Slurm: one node"
+        );
     }
 }
