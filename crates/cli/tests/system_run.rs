@@ -589,8 +589,25 @@ fn usage_error(args: &[&str]) -> (Option<i32>, String) {
 fn usage_errors_exit_2_and_name_the_problem() {
     let report = tempfile::tempdir().unwrap();
     let dir = report.path().to_str().unwrap();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
         (&["--report-dir", dir, "--nproc", "2"], "CMD"),
+        (
+            &[
+                "--report-dir",
+                dir,
+                "--node-rank",
+                "2",
+                "--nnodes",
+                "2",
+                "--",
+                "true",
+            ],
+            "--node-rank 2 is not below --nnodes 2",
+        ),
+        (
+            &["--report-dir", dir, "--nnodes", "0", "--", "true"],
+            "--nnodes",
+        ),
         (
             &["--report-dir", dir, "--nproc", "0", "--", "true"],
             "--nproc",
