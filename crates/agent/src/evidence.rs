@@ -180,12 +180,6 @@ pub fn verdict_files(verdict: &Verdict) -> Vec<EvidenceFile> {
     ]
 }
 
-/// Writes the bundle into `dir` (created if needed), in this process. Returns the files written; errors name the
-/// file. Only for a process that may block: the agent calls [`write_abandonable`].
-pub fn write_bundle(dir: &Path, evidence: &Evidence) -> Result<Vec<PathBuf>, SafeFsError> {
-    write_files(dir, &evidence.files())
-}
-
 /// Writes `files` into `dir`, in this process (the `__write-evidence` child's work). Every file is created
 /// through [`hangwatch_safefs`]: mode 0600, never through a symlink planted in the report directory; files written
 /// at an earlier tier are replaced in place.

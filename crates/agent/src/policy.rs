@@ -367,9 +367,8 @@ impl Policy {
         if self.signals >= 2 {
             return match self.stage {
                 Stage::Ending(Ending::Interrupted(_)) | Stage::Finished => Vec::new(),
-                Stage::Ending(ending) => {
-                    // A termination is running (TERM, grace): make it KILL now, keep the reason.
-                    self.stage = Stage::Ending(ending);
+                Stage::Ending(_) => {
+                    // A termination is running (TERM, grace): make it KILL now; the reason stays.
                     vec![
                         Action::Say(Notice::SecondSignal),
                         Action::Terminate { kill_now: true },

@@ -56,19 +56,14 @@ pub fn members_of(groups: &[JobGroup], processes: &[Member], own_pid: i32) -> Ve
 
 /// Every process on the machine, as far as /proc/PID/stat tells (a safe read: it never touches a filesystem).
 pub fn all_processes(procfs: &ProcFs) -> Vec<Member> {
-    let Ok(dir) = std::fs::read_dir(procfs.root()) else {
-        return Vec::new();
-    };
-    dir.filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let stat = procfs.stat(pid).ok()?;
-            Some(Member {
-                pid,
-                pgrp: stat.pgrp,
-                start: stat.starttime,
-                state: stat.state,
-            })
+    procfs
+        .all_stats()
+        .into_iter()
+        .map(|stat| Member {
+            pid: stat.pid,
+            pgrp: stat.pgrp,
+            start: stat.starttime,
+            state: stat.state,
         })
         .collect()
 }

@@ -50,6 +50,8 @@ pub struct RunConfig {
     pub grace: Duration,
     /// After SIGKILL, how long before a survivor is called unkillable.
     pub kill_wait: Duration,
+    /// Node-local and private; created by the caller (`run` and `demo` open it through safefs before the job
+    /// starts), never touched here but through the abandonable evidence writer.
     pub report_dir: PathBuf,
     /// Mirror rank output to hangwatch's stdout/stderr (stdout to stderr with `--json`).
     pub console: Option<bool>,
@@ -108,12 +110,6 @@ pub struct Investigation {
 pub enum RunError {
     #[error(transparent)]
     Launch(#[from] crate::launch::LaunchError),
-    #[error("cannot create the report directory {path}")]
-    ReportDir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("cannot open the heartbeat socket {path}")]
     Socket {
         path: PathBuf,
@@ -245,10 +241,6 @@ struct Supervisor {
 /// Runs the job to its end. Never returns while a rank it can still end is alive, and never waits on one it
 /// cannot end.
 pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
-    std::fs::create_dir_all(&config.report_dir).map_err(|source| RunError::ReportDir {
-        path: config.report_dir.clone(),
-        source,
-    })?;
     let (tx, rx) = sync_channel::<Event>(EVENT_CAPACITY);
     let signals = install_signals(tx.clone()).map_err(RunError::Signals)?;
     // The socket lives in a private node-local directory, never in the report directory: a report directory on a

@@ -187,22 +187,10 @@ fn a_stderr_nobody_reads_never_keeps_the_hang_from_being_caught() {
     let log = fs.path().join("rank0.log");
     let report = tempfile::tempdir().expect("report dir");
     // hangwatch's stderr is a pipe whose reader reads nothing: the job's output mirrored there fills it at once.
-    let mut hangwatch = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
-    hangwatch
-        .arg("run")
-        .arg("--report-dir")
-        .arg(report.path())
-        .args([
-            "--json",
-            "--grace",
-            "2s",
-            "--nproc",
-            "4",
-            "--stall-after",
-            "4s",
-        ])
-        .arg("--")
-        .args(rank_job(
+    let mut hangwatch = incident_run(
+        report.path(),
+        &["--nproc", "4"],
+        rank_job(
             py,
             &[
                 "--step-time",
@@ -212,10 +200,8 @@ fn a_stderr_nobody_reads_never_keeps_the_hang_from_being_caught() {
                 "--only-rank",
                 "0",
             ],
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        ),
+    );
     let mut guard = ChildGuard::spawn(&mut hangwatch, "hangwatch run").expect("hangwatch starts");
     let stderr_unread = guard.child_mut().stderr.take();
     let stdout = read_in_background(guard.child_mut().stdout.take());
@@ -244,25 +230,11 @@ fn a_report_directory_on_a_frozen_filesystem_costs_a_warning_not_the_verdict() {
     let log = fs.path().join("rank0.log");
     let report = fs.path().join("report");
     let output_log = tempfile::NamedTempFile::new().expect("log file");
-    let mut hangwatch = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
-    hangwatch
-        .arg("run")
-        .arg("--report-dir")
-        .arg(&report)
-        .arg("--log-file")
-        .arg(output_log.path())
-        .args([
-            "--json",
-            "--grace",
-            "2s",
-            "--nproc",
-            "3",
-            "--stall-after",
-            "4s",
-            "--quiet",
-        ])
-        .arg("--")
-        .args(rank_job(
+    let log_file = output_log.path().to_string_lossy().into_owned();
+    let mut hangwatch = incident_run(
+        &report,
+        &["--nproc", "3", "--quiet", "--log-file", &log_file],
+        rank_job(
             py,
             &[
                 "--step-time",
@@ -272,10 +244,8 @@ fn a_report_directory_on_a_frozen_filesystem_costs_a_warning_not_the_verdict() {
                 "--only-rank",
                 "0",
             ],
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        ),
+    );
     let mut guard = ChildGuard::spawn(&mut hangwatch, "hangwatch run").expect("hangwatch starts");
     let stderr_lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     if let Some(err) = guard.child_mut().stderr.take() {
@@ -307,6 +277,24 @@ fn a_report_directory_on_a_frozen_filesystem_costs_a_warning_not_the_verdict() {
         "a warning names the frozen report directory:\n{stderr}"
     );
     frozen.thaw().expect("thaw");
+}
+
+/// `hangwatch run --report-dir DIR --json --grace 2s --stall-after 4s FLAGS -- JOB`, every stream piped, for the
+/// tests that watch hangwatch's own streams rather than go through the harness.
+fn incident_run(report: &std::path::Path, flags: &[&str], job: Vec<String>) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
+    command
+        .arg("run")
+        .arg("--report-dir")
+        .arg(report)
+        .args(["--json", "--grace", "2s", "--stall-after", "4s"])
+        .args(flags)
+        .arg("--")
+        .args(job)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
 }
 
 type Collected = std::sync::Arc<std::sync::Mutex<Vec<u8>>>;

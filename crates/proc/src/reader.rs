@@ -214,16 +214,21 @@ impl ProcFs {
         out
     }
 
+    /// Every process's `stat` (a scan of the /proc root; processes that exit meanwhile are skipped).
+    pub fn all_stats(&self) -> Vec<TaskStat> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter_map(|pid| self.stat(pid).ok())
+            .collect()
+    }
+
     /// Every process's `stat`, by parent pid.
     fn stats_by_parent(&self) -> HashMap<i32, Vec<TaskStat>> {
         let mut map: HashMap<i32, Vec<TaskStat>> = HashMap::new();
-        let Ok(entries) = std::fs::read_dir(&self.root) else {
-            return map;
-        };
-        for stat in entries
-            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .filter_map(|pid| self.stat(pid).ok())
-        {
+        for stat in self.all_stats() {
             map.entry(stat.ppid).or_default().push(stat);
         }
         for children in map.values_mut() {
