@@ -7,6 +7,7 @@ pub mod heartbeat;
 pub mod human;
 pub mod kernel_log;
 pub mod launch;
+pub mod link;
 pub mod members;
 pub mod output;
 pub mod policy;

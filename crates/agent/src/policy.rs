@@ -13,14 +13,7 @@
 
 use std::time::Duration;
 
-/// What `run` does about a hang.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnHang {
-    /// Roll call, evidence, alert; nothing is killed.
-    Observe,
-    /// ... and end the job (TERM, grace, KILL), exit 75.
-    Abort,
-}
+pub use hangwatch_diagnosis::OnHang;
 
 /// Why a roll call is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +26,9 @@ pub enum Trigger {
     RankFailed,
     /// hangwatch got this signal while the job was stuck: the evidence is kept before the job is ended.
     Signal(i32),
+    /// The job's coordinator ordered the job ended, with its verdict: this node's evidence is kept while its
+    /// ranks are ended.
+    Ordered,
 }
 
 impl Trigger {
@@ -43,6 +39,7 @@ impl Trigger {
             Trigger::Hard => "hard threshold".into(),
             Trigger::RankFailed => "a rank failed".into(),
             Trigger::Signal(sig) => format!("signal {sig}"),
+            Trigger::Ordered => "the coordinator's order".into(),
         }
     }
 }
@@ -121,6 +118,8 @@ pub enum Input {
     RollCallDone { trigger: Trigger, conclusive: bool },
     /// A termination finished.
     Terminated,
+    /// The job's coordinator ordered the job ended (multi-node): keep this node's evidence, end the ranks.
+    TerminateOrdered,
 }
 
 /// The detector's state, without the details the policy does not need.
@@ -177,6 +176,9 @@ pub struct Policy {
     signals: u32,
     /// The job ended while a roll call was still writing evidence: finish when it is done (or at this time).
     ended_while_inspecting: Option<Duration>,
+    /// An ordered termination finished while this node's evidence was still being written: finish with this
+    /// when it is written, or `EVIDENCE_WAIT` after the time.
+    terminated_before_evidence: Option<(Ending, Duration)>,
 }
 
 /// How long a finished job waits for the evidence of a roll call still in flight.
@@ -194,6 +196,7 @@ impl Policy {
             hard_pending: false,
             signals: 0,
             ended_while_inspecting: None,
+            terminated_before_evidence: None,
         }
     }
 
@@ -231,9 +234,34 @@ impl Policy {
                 conclusive,
             } => self.rollcall_done(trigger, conclusive, now),
             Input::Terminated => match self.stage {
+                Stage::Ending(ending) if self.rollcall == Some(Trigger::Ordered) => {
+                    self.terminated_before_evidence = Some((ending, now));
+                    Vec::new()
+                }
                 Stage::Ending(ending) => self.finish(ending),
                 _ => Vec::new(),
             },
+            Input::TerminateOrdered => self.terminate_ordered(),
+        }
+    }
+
+    /// The coordinator's order: this node's evidence (with the job's verdict) and the termination at once. A
+    /// termination already under way (a signal's, a local hang's) goes on; the evidence is still kept.
+    fn terminate_ordered(&mut self) -> Vec<Action> {
+        match self.stage {
+            Stage::Watching | Stage::InspectingBeforeSignal { .. } | Stage::Forwarded { .. } => {
+                let mut actions = Vec::new();
+                if self.rollcall.is_none() {
+                    actions.push(self.start_rollcall(Trigger::Ordered));
+                }
+                let ending = match self.interrupted_by() {
+                    Some(signal) => Ending::Interrupted(signal),
+                    None => Ending::Hung,
+                };
+                actions.extend(self.terminate(ending, false));
+                actions
+            }
+            Stage::Ending(_) | Stage::Finished => Vec::new(),
         }
     }
 
@@ -267,6 +295,12 @@ impl Policy {
         only_stuck_left: bool,
         now: Duration,
     ) -> Vec<Action> {
+        if let Some((ending, since)) = self.terminated_before_evidence {
+            if now.saturating_sub(since) >= EVIDENCE_WAIT {
+                return self.finish(ending);
+            }
+            return Vec::new();
+        }
         if !job_alive {
             return self.job_gone(now);
         }
@@ -404,6 +438,9 @@ impl Policy {
 
     fn rollcall_done(&mut self, trigger: Trigger, conclusive: bool, now: Duration) -> Vec<Action> {
         self.rollcall = None;
+        if let Some((ending, _)) = self.terminated_before_evidence.take() {
+            return self.finish(ending);
+        }
         if self.ended_while_inspecting.is_some() {
             return self.job_gone(now);
         }
@@ -413,7 +450,7 @@ impl Policy {
                 let act = match trigger {
                     Trigger::Hard | Trigger::RankFailed => true,
                     Trigger::Soft => conclusive || self.hard_pending,
-                    Trigger::Signal(_) => false,
+                    Trigger::Signal(_) | Trigger::Ordered => false,
                 };
                 self.hard_pending = false;
                 if act && self.config.on_hang == OnHang::Abort {
@@ -839,6 +876,47 @@ mod tests {
             q.handle(GONE, s(1.5) + EVIDENCE_WAIT),
             vec![Action::Finish(Ending::ByItself)],
             "never waits long for a roll call"
+        );
+    }
+
+    #[test]
+    fn the_coordinators_order_keeps_this_nodes_evidence_while_the_ranks_are_ended() {
+        let mut p = policy(OnHang::Abort);
+        assert_eq!(
+            p.handle(Input::TerminateOrdered, s(1.0)),
+            vec![
+                Action::RollCall(Trigger::Ordered),
+                Action::Say(Notice::EndingJob { grace: s(10.0) }),
+                Action::Terminate { kill_now: false },
+            ]
+        );
+        assert!(
+            p.handle(Input::TerminateOrdered, s(1.1)).is_empty(),
+            "a second order changes nothing"
+        );
+        assert!(
+            p.handle(Input::Terminated, s(2.0)).is_empty(),
+            "the evidence is still being written"
+        );
+        assert_eq!(
+            p.handle(
+                Input::RollCallDone {
+                    trigger: Trigger::Ordered,
+                    conclusive: false
+                },
+                s(2.5)
+            ),
+            vec![Action::Finish(Ending::Hung)]
+        );
+
+        // Evidence that never comes (a report directory that froze) holds the end only so long.
+        let mut p = policy(OnHang::Abort);
+        p.handle(Input::TerminateOrdered, s(1.0));
+        assert!(p.handle(Input::Terminated, s(2.0)).is_empty());
+        assert!(p.handle(GONE, s(4.0)).is_empty());
+        assert_eq!(
+            p.handle(GONE, s(2.0) + EVIDENCE_WAIT),
+            vec![Action::Finish(Ending::Hung)]
         );
     }
 }

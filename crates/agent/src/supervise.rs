@@ -17,7 +17,7 @@ use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
 use hangwatch_inspect::ranks::{Discovery, RankFinder};
 use hangwatch_inspect::rollcall::{take_roll_call, KnownProcess, RollCallOptions};
-use hangwatch_model::{ActionRecord, ProcessObservation, Verdict, VerdictKind};
+use hangwatch_model::{ActionRecord, NodeObservations, ProcessObservation, Verdict};
 use hangwatch_proc::ProcFs;
 use nix::sys::signal::Signal;
 
@@ -27,13 +27,14 @@ use crate::heartbeat::{HeartbeatContext, PhaseMessage};
 use crate::human::say;
 use crate::kernel_log::KernelLog;
 use crate::launch::{launch, LaunchSpec, Launched};
+use crate::link::{Answers, Link, LinkConfig, LinkEvent, NodeStallTier};
 use crate::members::JobMembers;
 use crate::output::{drain, Console, DrainContext, LineSink, Stream, Tails};
-pub use crate::policy::OnHang;
 use crate::policy::{Action, Ending, Input, Notice, Policy, PolicyConfig, Stall, Trigger};
 use crate::progress::ProgressBoard;
 use crate::reaper::{JobGroup, Reaper};
 use crate::terminate::{terminate, JobProcess, TerminationReport};
+pub use hangwatch_diagnosis::{is_conclusive, OnHang};
 
 /// Exit code when hangwatch ended a hung job (EX_TEMPFAIL: retryable).
 pub const EXIT_HUNG: i32 = 75;
@@ -65,6 +66,9 @@ pub struct RunConfig {
     pub alert: AlertConfig,
     /// A rank that failed while its peers go on: how long before that is treated as a hang.
     pub failed_rank_grace: Duration,
+    /// The job's coordinator (multi-node): while it is reachable it decides about hangs from every node's view;
+    /// without it (or while it is gone) this node decides alone.
+    pub coordinator: Option<LinkConfig>,
 }
 
 /// How the run ended.
@@ -90,6 +94,11 @@ pub enum Event {
     Terminated(TerminationReport),
     /// A look for ranks below the launcher finished (tree mode).
     Discovered(Discovery),
+    /// The coordinator link: joined, lost, an order.
+    Link(LinkEvent),
+    /// This node's observations for a roll call the coordinator ordered (answered already; kept for the
+    /// evidence).
+    Observed(Box<NodeObservations>),
 }
 
 /// The event channel's capacity: phases, signals and worker results are rare; a full channel drops phases
@@ -236,6 +245,13 @@ struct Supervisor {
     reaper: Option<Reaper>,
     groups: Vec<JobGroup>,
     program: PathBuf,
+    link: Option<Link>,
+    /// Joined to the coordinator now: it decides about hangs, this node reports.
+    linked: bool,
+    /// This node's observations from the last roll call the coordinator ordered.
+    ordered_observations: Option<NodeObservations>,
+    /// The coordinator's order, when one came: the job-wide verdict is this node's final word.
+    ordered_verdict: Option<Verdict>,
 }
 
 /// Runs the job to its end. Never returns while a rank it can still end is alive, and never waits on one it
@@ -321,6 +337,20 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
     let prober = Prober::new()
         .map_err(|e| tracing::warn!(error = %e, "filesystem probes unavailable"))
         .ok();
+    let link = match config.coordinator.clone() {
+        Some(link_config) => {
+            let addr = link_config.addr.clone();
+            match Link::start(link_config, tx.clone()) {
+                Ok(link) => Some(link),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the coordinator link");
+                    say(format!("hangwatch: error: cannot start the link to the coordinator at {addr} ({e}); this node decides alone"));
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     let detector = Detector::new(config.detector.clone(), Duration::ZERO);
     let policy = Policy::new(PolicyConfig {
         on_hang: config.on_hang,
@@ -356,9 +386,16 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         reaper,
         groups: Vec::new(),
         program,
+        link,
+        linked: false,
+        ordered_observations: None,
+        ordered_verdict: None,
     };
     sup.track_groups();
     let outcome = sup.run_loop(&rx);
+    if let Some(link) = sup.link.take() {
+        link.leave(outcome.exit_code);
+    }
     // Processes that outlived their rank (a worker that ignored SIGTERM, a daemon) end with the job.
     let swept = crate::reaper::sweep(&sup.procfs, &sup.groups);
     if !swept.is_empty() {
@@ -526,6 +563,12 @@ impl Supervisor {
                 self.ranks_found(found);
                 return None;
             }
+            Event::Observed(observations) => {
+                self.ordered_observations = Some(*observations);
+                return None;
+            }
+            // Most link events are only said; an order becomes the policy's input.
+            Event::Link(event) => self.link_event(event)?,
             Event::Terminated(report) => {
                 if self.termination.is_none() {
                     self.termination = Some(report);
@@ -538,11 +581,73 @@ impl Supervisor {
         self.carry_out(actions)
     }
 
-    /// Feeds the progress recorded on the board since the last take to the detector.
+    /// Feeds the progress recorded on the board since the last take to the detector (and to the coordinator).
     fn take_progress(&mut self) {
         for u in self.board.take_updates() {
+            if let (Some(link), Some(rank)) = (&self.link, u.rank) {
+                link.progress(rank, u.step, u.at);
+            }
             self.detector
                 .progress_batch(u.rank, u.source, u.batch(self.start));
+        }
+    }
+
+    /// What the coordinator link said; the policy's input when it is one.
+    fn link_event(&mut self, event: LinkEvent) -> Option<Input> {
+        let addr = self
+            .config
+            .coordinator
+            .as_ref()
+            .map(|c| c.addr.clone())
+            .unwrap_or_default();
+        match event {
+            LinkEvent::Joined { rejoined, .. } => {
+                self.linked = true;
+                let (node, node_rank) = self
+                    .config
+                    .coordinator
+                    .as_ref()
+                    .map(|c| (c.node.clone(), c.node_rank))
+                    .unwrap_or_default();
+                say(format!(
+                    "hangwatch: {} the coordinator at {addr} as node {node} (node rank {node_rank}): hangs are decided there, from every node's view",
+                    if rejoined { "rejoined" } else { "joined" }
+                ));
+                None
+            }
+            LinkEvent::Lost { why } => {
+                self.linked = false;
+                say(format!(
+                    "hangwatch: lost the coordinator at {addr} ({why}); this node decides alone until it is back"
+                ));
+                None
+            }
+            LinkEvent::Refused { why } => {
+                self.linked = false;
+                say(format!(
+                    "hangwatch: error: the coordinator at {addr} refused this node: {why}; this node decides alone"
+                ));
+                None
+            }
+            LinkEvent::RollCallOrdered {
+                roll_call_id,
+                deadline,
+            } => {
+                if let Some(link) = &self.link {
+                    self.start_ordered_roll_call(roll_call_id, deadline, link.answers());
+                }
+                None
+            }
+            LinkEvent::TerminateOrdered { reason, verdict } => {
+                let verdict = verdict.map_or_else(|| Verdict::unknown(&reason), |v| *v);
+                say(format!(
+                    "hangwatch: the coordinator ends the job: {}",
+                    crate::render::verdict_text(&verdict)
+                ));
+                self.last_verdict = Some(verdict.clone());
+                self.ordered_verdict = Some(verdict);
+                Some(Input::TerminateOrdered)
+            }
         }
     }
 
@@ -572,7 +677,23 @@ impl Supervisor {
             StallState::Soft { .. } => Stall::Soft,
             StallState::Hard { .. } => Stall::Hard,
         };
-        let failed_rank_for = self.failed_rank_waiting();
+        let mut failed_rank_for = self.failed_rank_waiting();
+        let mut stall = stall;
+        if let Some(link) = &self.link {
+            let failed = failed_rank_for.is_some_and(|f| f >= self.config.failed_rank_grace);
+            let tier = match stall {
+                _ if failed => NodeStallTier::Hard,
+                Stall::Healthy => NodeStallTier::Healthy,
+                Stall::Soft => NodeStallTier::Soft,
+                Stall::Hard => NodeStallTier::Hard,
+            };
+            link.stall(tier, self.detector.stalled_for(now));
+            if self.linked {
+                // The coordinator decides about hangs from every node's view; this node only reports.
+                stall = Stall::Healthy;
+                failed_rank_for = None;
+            }
+        }
         let only_stuck_left =
             job_alive && self.policy.interrupted_by().is_some() && self.only_stuck_left();
         let actions = self.policy.handle(
@@ -594,6 +715,7 @@ impl Supervisor {
                 Action::Say(notice) => {
                     say(self.notice_text(&notice));
                 }
+                Action::RollCall(Trigger::Ordered) => self.start_ordered_evidence(),
                 Action::RollCall(trigger) => self.start_investigation(trigger),
                 Action::Forward(signal) => self.forward(signal),
                 Action::Terminate { kill_now } => self.start_termination(kill_now),
@@ -662,9 +784,14 @@ impl Supervisor {
                     .any(|f| &f.mount == m && f.responsive == Some(false))
             })
         };
+        // A job-wide verdict names processes of every node: pids are this node's only where the node is.
+        let here = |node: &Option<String>| {
+            node.is_none() || self.config.node.is_none() || *node == self.config.node
+        };
         verdict
             .culprits
             .iter()
+            .filter(|c| here(&c.node))
             .filter(|c| c.state == "D" || unresponsive(&c.mount))
             .map(|c| c.pid)
             .collect()
@@ -916,6 +1043,80 @@ impl Supervisor {
             tier_threshold.as_secs_f64(),
             threshold.basis
         ));
+        let job = self.investigation_job(trigger);
+        self.spawn_investigation(trigger, "hw-rollcall", move || job.run());
+    }
+
+    /// A roll call the coordinator ordered: this node's observations go back to it as soon as they are taken
+    /// (and are kept for this node's evidence); the coordinator decides.
+    fn start_ordered_roll_call(&mut self, roll_call_id: u64, deadline: Duration, answers: Answers) {
+        say(format!(
+            "hangwatch: the coordinator asks for a roll call of this node (answer within {:.0}s)",
+            deadline.as_secs_f64()
+        ));
+        let job = self.investigation_job(Trigger::Ordered);
+        let events = self.events.clone();
+        let spawned = std::thread::Builder::new()
+            .name("hw-ordered".into())
+            .spawn(move || {
+                let observations = job.observe();
+                answers.answer(roll_call_id, observations.clone());
+                let _ = events.send(Event::Observed(Box::new(observations)));
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the ordered roll call");
+        }
+    }
+
+    /// The coordinator ended the job: this node's evidence is the job-wide verdict with this node's own
+    /// observations (from the roll call it answered), written while the ranks are being ended.
+    fn start_ordered_evidence(&mut self) {
+        let job = self.investigation_job(Trigger::Ordered);
+        let verdict = self
+            .ordered_verdict
+            .clone()
+            .unwrap_or_else(|| Verdict::unknown("the coordinator ended the job"));
+        let observations = self.ordered_observations.clone().unwrap_or_else(|| {
+            let mut o = NodeObservations::new(self.config.node.clone(), 0);
+            o.unreadable
+                .push("this node's roll call did not finish before the coordinator's order".into());
+            o
+        });
+        self.spawn_investigation(Trigger::Ordered, "hw-evidence", move || {
+            job.keep(verdict, &observations, false)
+        });
+    }
+
+    fn spawn_investigation(
+        &mut self,
+        trigger: Trigger,
+        name: &str,
+        work: impl FnOnce() -> Investigation + Send + 'static,
+    ) {
+        let events = self.events.clone();
+        let spawned = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let investigation = work();
+                let _ = events.send(Event::Investigated(Box::new(investigation)));
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the roll call");
+            let _ = self
+                .events
+                .send(Event::Investigated(Box::new(Investigation {
+                    trigger,
+                    verdict: Verdict::unknown("the roll call could not be started"),
+                    evidence: Err(format!("cannot start the roll call: {e}")),
+                })));
+        }
+    }
+
+    /// Everything a roll call worker needs, copied out of the loop's state.
+    fn investigation_job(&mut self, trigger: Trigger) -> InvestigationJob {
+        let now = self.now();
+        let stalled_for = self.detector.stalled_for(now);
+        let threshold = self.detector.threshold();
         let ranks = self.rank_pids();
         let pids: Vec<i32> = ranks.iter().map(|(p, _)| *p).collect();
         let known: HashMap<i32, KnownProcess> = self
@@ -946,7 +1147,7 @@ impl Supervisor {
             stacks,
             node: self.config.node.clone(),
         };
-        let job = InvestigationJob {
+        InvestigationJob {
             trigger,
             stalled_for_s: stalled_for.as_secs_f64(),
             pids,
@@ -962,23 +1163,6 @@ impl Supervisor {
             report_dir: self.config.report_dir.clone(),
             program: self.program.clone(),
             alert: self.config.alert.clone(),
-        };
-        let events = self.events.clone();
-        let spawned = std::thread::Builder::new()
-            .name("hw-rollcall".into())
-            .spawn(move || {
-                let investigation = job.run();
-                let _ = events.send(Event::Investigated(Box::new(investigation)));
-            });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the roll call");
-            let _ = self
-                .events
-                .send(Event::Investigated(Box::new(Investigation {
-                    trigger,
-                    verdict: Verdict::unknown("the roll call could not be started"),
-                    evidence: Err(format!("cannot start the roll call: {e}")),
-                })));
         }
     }
 
@@ -1173,7 +1357,23 @@ struct InvestigationJob {
 }
 
 impl InvestigationJob {
+    /// Roll call, a verdict of this node alone, evidence, alert.
     fn run(self) -> Investigation {
+        let observations = self.observe();
+        let verdict = decide(
+            std::slice::from_ref(&observations),
+            &DecideOptions {
+                stalled_for_s: Some(self.stalled_for_s),
+                expected_nodes: Vec::new(),
+            },
+        );
+        say(crate::render::verdict_text(&verdict));
+        self.keep(verdict, &observations, true)
+    }
+
+    /// This node's observations now: the rank processes, their threads, stacks and files, the filesystems they
+    /// wait on (probed), the kernel log.
+    fn observe(&self) -> NodeObservations {
         let procfs = ProcFs::new("/proc");
         let probe_timeout = self.probe_timeout;
         let prober = Arc::clone(&self.prober);
@@ -1196,14 +1396,11 @@ impl InvestigationJob {
         if self.kernel_log_unavailable.is_none() {
             observations.kernel_log = Some(hangwatch_kmsg::report_from_text(&self.kernel_log));
         }
-        let verdict = decide(
-            std::slice::from_ref(&observations),
-            &DecideOptions {
-                stalled_for_s: Some(self.stalled_for_s),
-                expected_nodes: Vec::new(),
-            },
-        );
-        say(crate::render::verdict_text(&verdict));
+        observations
+    }
+
+    /// Writes the evidence of `verdict` with this node's `observations` (abandonable), and alerts when asked.
+    fn keep(self, verdict: Verdict, observations: &NodeObservations, alert: bool) -> Investigation {
         let processes: Vec<ProcessObservation> = observations.processes().cloned().collect();
         let evidence = Evidence {
             verdict: &verdict,
@@ -1223,7 +1420,9 @@ impl InvestigationJob {
         )
         .map(|()| self.report_dir.clone())
         .map_err(|e| e.to_string());
-        crate::alert::send(&self.alert, &verdict);
+        if alert {
+            crate::alert::send(&self.alert, &verdict);
+        }
         Investigation {
             trigger: self.trigger,
             verdict,
@@ -1258,20 +1457,4 @@ fn unix_time_of(at: Instant) -> f64 {
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
     now_unix - at.elapsed().as_secs_f64()
-}
-
-/// Evidence strong enough to act on at the soft threshold: a rank blocked in the kernel on a filesystem that
-/// does not answer, a stopped rank, or a rank that died. Anything less waits for the hard threshold.
-pub fn is_conclusive(verdict: &Verdict) -> bool {
-    match verdict.kind {
-        VerdictKind::Stopped | VerdictKind::Exited => true,
-        VerdictKind::BlockedInKernel => {
-            verdict
-                .filesystems
-                .iter()
-                .any(|f| f.responsive == Some(false))
-                || verdict.culprits.iter().any(|c| c.state == "D")
-        }
-        _ => false,
-    }
 }

@@ -6,6 +6,7 @@ mod duration;
 mod exit;
 mod output;
 mod size;
+mod slurm;
 
 use std::process::ExitCode;
 
@@ -25,7 +26,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a job and watch it: detect a stall, name the rank and why, keep the evidence, end the job.
-    Run(commands::run::Args),
+    Run(Box<commands::run::Args>),
     /// Roll call now: every rank's state, kernel call, file, mount and Python stack; the outlier named.
     Dump(commands::dump::Args),
     /// Read a kernel log and report hung tasks, GPU Xid errors and filesystem complaints.
@@ -67,7 +68,7 @@ fn main() -> ExitCode {
     }
     let name = command_name(&cli.command);
     let result = match cli.command {
-        Command::Run(args) => commands::run::run(args),
+        Command::Run(args) => commands::run::run(*args),
         Command::Dump(args) => commands::dump::run(args),
         Command::Kmsg(args) => commands::kmsg::run(args),
         Command::Demo(args) => commands::demo::run(args),

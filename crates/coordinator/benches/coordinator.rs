@@ -177,6 +177,7 @@ fn agents(nodes: u32) {
                 last_progress_age_ms: 850,
             })
             .collect(),
+        ..pb::ProgressReport::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -241,6 +242,7 @@ async fn agent(addr: String, node_rank: u32, payload: Vec<u8>) {
                 last_progress_age_ms: 850,
             })
             .collect(),
+        ..pb::ProgressReport::default()
     };
     let _ = tx.send(report()).await;
     let Ok(orders) = client.attach(ReceiverStream::new(rx)).await else {

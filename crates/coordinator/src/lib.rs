@@ -1,8 +1,9 @@
 //! The multi-node coordinator (docs/coordinator-protocol.md): agents register, stream progress and take orders;
 //! it knows who is unreachable, orders a roll call from every agent in parallel under a deadline and merges the
-//! answers into one verdict. State lives in memory only.
+//! answers into one verdict, and runs the job's policy over it (`supervise`). State lives in memory only.
 
 pub mod membership;
+pub mod policy;
 mod service;
 
 use std::collections::{BTreeMap, HashMap};
@@ -11,13 +12,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hangwatch_diagnosis::{decide, DecideOptions};
+use hangwatch_diagnosis::{decide, is_conclusive_for_job, DecideOptions, OnHang};
 use hangwatch_model::{NodeObservations, Verdict};
 use hangwatch_rpc::pb::{self, order};
 use hangwatch_rpc::{JobToken, DEFAULT_PROGRESS_INTERVAL};
 use tokio::sync::mpsc;
 
-pub use membership::{Liveness, Member, Membership, RankProgress, Registration};
+pub use membership::{
+    Liveness, Member, Membership, NodeReport, NodeStall, RankProgress, Registration, StallTier,
+};
+pub use policy::{JobAction, JobInput, JobNotice, JobPolicy, JobTrigger, JobView};
 
 /// How the coordinator runs.
 #[derive(Debug, Clone)]
@@ -175,6 +179,15 @@ impl Coordinator {
     /// merges them into one verdict. Nodes that did not answer in time are named in it as not seen; the call
     /// returns at the deadline whatever the agents do.
     pub async fn roll_call(&self, deadline: Duration) -> RollCallOutcome {
+        self.roll_call_stalled(deadline, None).await
+    }
+
+    /// [`Coordinator::roll_call`] of a job that made no progress for `stalled_for`.
+    pub async fn roll_call_stalled(
+        &self,
+        deadline: Duration,
+        stalled_for: Option<Duration>,
+    ) -> RollCallOutcome {
         let id = self.next_id();
         let until = tokio::time::Instant::now() + deadline;
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -234,7 +247,7 @@ impl Coordinator {
         let verdict = decide(
             &observations,
             &DecideOptions {
-                stalled_for_s: None,
+                stalled_for_s: stalled_for.map(|d| d.as_secs_f64()),
                 expected_nodes: expected,
             },
         );
@@ -269,6 +282,180 @@ impl Coordinator {
             })
             .map(|(node, _)| node.clone())
             .collect()
+    }
+}
+
+/// How the coordinator runs the job's policy.
+#[derive(Debug, Clone)]
+pub struct SuperviseOptions {
+    pub on_hang: OnHang,
+    /// How often the membership's view is fed to the policy.
+    pub tick: Duration,
+    /// How long the agents have to answer a roll call.
+    pub roll_call_deadline: Duration,
+}
+
+impl Default for SuperviseOptions {
+    /// End hung jobs; look every 250 ms; 8 s for a roll call (an agent's own budget: two /proc samples, Python
+    /// stacks under a deadline, filesystem probes under a deadline).
+    fn default() -> Self {
+        Self {
+            on_hang: OnHang::Abort,
+            tick: Duration::from_millis(250),
+            roll_call_deadline: Duration::from_secs(8),
+        }
+    }
+}
+
+/// What the coordinator tells the program that runs it, for people (it prints nothing itself).
+#[derive(Debug, Clone)]
+pub enum JobEvent {
+    Joined {
+        node: String,
+        node_rank: u32,
+        ranks: Vec<u32>,
+    },
+    Left {
+        node: String,
+        exit_code: Option<i32>,
+    },
+    Unreachable {
+        nodes: Vec<String>,
+        silence: Duration,
+    },
+    Reachable {
+        nodes: Vec<String>,
+    },
+    ProgressResumed,
+    RollCallOrdered {
+        trigger: JobTrigger,
+        stalled_for: Duration,
+        nodes: usize,
+    },
+    Verdict {
+        trigger: JobTrigger,
+        verdict: Box<Verdict>,
+        not_answered: Vec<String>,
+        took: Duration,
+    },
+    Terminating {
+        nodes: Vec<String>,
+    },
+}
+
+/// How the coordinator's work for a job ended.
+#[derive(Debug, Clone, Default)]
+pub struct JobEnding {
+    /// The coordinator ordered the job ended.
+    pub terminated: bool,
+    /// The last roll call's verdict, if any.
+    pub verdict: Option<Verdict>,
+}
+
+impl Coordinator {
+    /// The job's view now: the worst node's stall, the silent nodes, whether everyone left.
+    pub fn view(&self) -> JobView {
+        let st = self.state();
+        JobView {
+            stall: st.membership.worst_stall().tier,
+            unreachable: st.membership.unreachable(now()).into_iter().collect(),
+            all_left: st.membership.all_left(),
+        }
+    }
+
+    /// Runs the job's policy until every node has left: ticks feed it the membership's view, roll calls run as
+    /// tasks that report back, and the termination is ordered with the verdict. Never waits on an agent: a roll
+    /// call is bounded by its deadline, orders are queued.
+    pub async fn supervise(
+        &self,
+        options: SuperviseOptions,
+        events: mpsc::UnboundedSender<JobEvent>,
+    ) -> JobEnding {
+        let started = tokio::time::Instant::now();
+        let mut policy = JobPolicy::new(options.on_hang);
+        let (done_tx, mut done_rx) =
+            mpsc::unbounded_channel::<(JobTrigger, RollCallOutcome, Duration)>();
+        let mut ticker = tokio::time::interval(options.tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seen: BTreeMap<String, bool> = BTreeMap::new();
+        let mut ending = JobEnding::default();
+        let emit = |e: JobEvent| {
+            let _ = events.send(e);
+        };
+        loop {
+            let input = tokio::select! {
+                _ = ticker.tick() => {
+                    for m in self.members() {
+                        // What was said about the node last: `Some(left)`; a change is said again.
+                        let left = m.left.is_some();
+                        let before = seen.insert(m.node.clone(), left);
+                        if before.is_none() || before == Some(true) && !left {
+                            emit(JobEvent::Joined { node: m.node.clone(), node_rank: m.node_rank, ranks: m.ranks.clone() });
+                        }
+                        if left && before != Some(true) {
+                            emit(JobEvent::Left { node: m.node.clone(), exit_code: m.left.flatten() });
+                        }
+                    }
+                    JobInput::Tick(self.view())
+                }
+                Some((trigger, outcome, took)) = done_rx.recv() => {
+                    let conclusive = is_conclusive_for_job(&outcome.verdict);
+                    emit(JobEvent::Verdict {
+                        trigger,
+                        verdict: Box::new(outcome.verdict.clone()),
+                        not_answered: outcome.not_answered.clone(),
+                        took,
+                    });
+                    ending.verdict = Some(outcome.verdict);
+                    JobInput::RollCallDone { trigger, conclusive }
+                }
+            };
+            let elapsed = started.elapsed();
+            for action in policy.handle(input, elapsed) {
+                match action {
+                    JobAction::Announce(JobNotice::Unreachable(nodes)) => {
+                        emit(JobEvent::Unreachable {
+                            nodes,
+                            silence: self.shared.config.silence,
+                        })
+                    }
+                    JobAction::Announce(JobNotice::Reachable(nodes)) => {
+                        emit(JobEvent::Reachable { nodes })
+                    }
+                    JobAction::Announce(JobNotice::ProgressResumed) => {
+                        emit(JobEvent::ProgressResumed)
+                    }
+                    JobAction::RollCall(trigger) => {
+                        let stalled_for = self.state().membership.worst_stall().stalled_for;
+                        emit(JobEvent::RollCallOrdered {
+                            trigger,
+                            stalled_for,
+                            nodes: self.state().membership.members().count(),
+                        });
+                        let coordinator = self.clone();
+                        let done = done_tx.clone();
+                        let deadline = options.roll_call_deadline;
+                        tokio::spawn(async move {
+                            let t0 = tokio::time::Instant::now();
+                            let stalled =
+                                (trigger != JobTrigger::NodeUnreachable).then_some(stalled_for);
+                            let outcome = coordinator.roll_call_stalled(deadline, stalled).await;
+                            let _ = done.send((trigger, outcome, t0.elapsed()));
+                        });
+                    }
+                    JobAction::Terminate => {
+                        let reason = ending
+                            .verdict
+                            .as_ref()
+                            .map_or_else(|| "the job is hung".to_string(), |v| v.summary.clone());
+                        let nodes = self.terminate(&reason, ending.verdict.as_ref());
+                        ending.terminated = true;
+                        emit(JobEvent::Terminating { nodes });
+                    }
+                    JobAction::Finish => return ending,
+                }
+            }
+        }
     }
 }
 

@@ -36,12 +36,43 @@ pub struct Member {
     pub registered_at: Instant,
     pub last_heard: Instant,
     pub progress: Vec<RankProgress>,
+    /// What the node's own stall detector said last.
+    pub stall: NodeStall,
+    /// The job ended on this node (with the agent's exit code): its silence is not unreachability.
+    pub left: Option<Option<i32>>,
+}
+
+/// A node's stall tier, by its own detector (which sees every beat, phase and output line of its ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum StallTier {
+    #[default]
+    Healthy,
+    Soft,
+    Hard,
+}
+
+/// A node's stall as it reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeStall {
+    pub tier: StallTier,
+    pub stalled_for: Duration,
+}
+
+/// One progress report of a node, as the membership keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeReport {
+    pub ranks: Vec<RankProgress>,
+    pub stall: NodeStall,
+    /// `Some(exit code)` when the job ended on the node.
+    pub leaving: Option<Option<i32>>,
 }
 
 /// Whether a node is still heard from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {
     Live,
+    /// The job ended on the node and its agent said goodbye.
+    Left,
     /// Nothing heard for `silent_for`, at least the configured silence: the node is `node_unreachable`.
     Unreachable {
         silent_for: Duration,
@@ -163,6 +194,8 @@ impl Membership {
                 registered_at: now,
                 last_heard: now,
                 progress: Vec::new(),
+                stall: NodeStall::default(),
+                left: None,
             },
         );
         Ok(session_id)
@@ -179,21 +212,44 @@ impl Membership {
         &mut self,
         session_id: u64,
         now: Instant,
-        progress: Option<Vec<RankProgress>>,
+        report: Option<NodeReport>,
     ) -> Option<&str> {
         let member = self
             .nodes
             .values_mut()
             .find(|m| m.session_id == session_id)?;
         member.last_heard = member.last_heard.max(now);
-        if let Some(p) = progress {
-            member.progress = p;
+        if let Some(r) = report {
+            member.progress = r.ranks;
+            member.stall = r.stall;
+            if r.leaving.is_some() {
+                member.left = r.leaving;
+            }
         }
         Some(&member.node)
     }
 
     fn is_live(&self, m: &Member, now: Instant) -> bool {
-        now.saturating_duration_since(m.last_heard) < self.silence
+        m.left.is_none() && now.saturating_duration_since(m.last_heard) < self.silence
+    }
+
+    /// Whether every node of the job has joined and then left (the job is over everywhere). Without a known node
+    /// count: every node that joined has left.
+    pub fn all_left(&self) -> bool {
+        let joined = self.nodes.len();
+        joined > 0
+            && self.expected_nodes.is_none_or(|n| joined >= n)
+            && self.nodes.values().all(|m| m.left.is_some())
+    }
+
+    /// The worst stall among the nodes still in the job (live or not: a silent node's last word stands).
+    pub fn worst_stall(&self) -> NodeStall {
+        self.nodes
+            .values()
+            .filter(|m| m.left.is_none())
+            .map(|m| m.stall)
+            .max_by_key(|s| (s.tier, s.stalled_for))
+            .unwrap_or_default()
     }
 
     /// Every node's liveness at `now`, by node name.
@@ -202,7 +258,9 @@ impl Membership {
             .values()
             .map(|m| {
                 let silent_for = now.saturating_duration_since(m.last_heard);
-                let l = if silent_for < self.silence {
+                let l = if m.left.is_some() {
+                    Liveness::Left
+                } else if silent_for < self.silence {
                     Liveness::Live
                 } else {
                     Liveness::Unreachable { silent_for }

@@ -12,7 +12,10 @@ use tokio_stream::StreamExt;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::{now, Attached, Coordinator, RankProgress, Registration, ORDER_QUEUE};
+use crate::{
+    now, Attached, Coordinator, NodeReport, NodeStall, RankProgress, Registration, StallTier,
+    ORDER_QUEUE,
+};
 
 pub(crate) struct Service {
     coordinator: Coordinator,
@@ -119,7 +122,7 @@ impl coordinator_server::Coordinator for Service {
             let mut st = self.coordinator.state();
             let node = st
                 .membership
-                .heard(session_id, now(), Some(progress(&first)))
+                .heard(session_id, now(), Some(node_report(&first)))
                 .ok_or_else(|| unknown_session(session_id))?
                 .to_string();
             st.attached.insert(
@@ -146,7 +149,7 @@ impl coordinator_server::Coordinator for Service {
                         let mut st = coordinator.state();
                         if st
                             .membership
-                            .heard(session_id, now(), Some(progress(&report)))
+                            .heard(session_id, now(), Some(node_report(&report)))
                             .is_none()
                         {
                             break;
@@ -207,9 +210,9 @@ impl coordinator_server::Coordinator for Service {
     }
 }
 
-fn progress(report: &pb::ProgressReport) -> Vec<RankProgress> {
+fn node_report(report: &pb::ProgressReport) -> NodeReport {
     let at = now();
-    report
+    let ranks = report
         .ranks
         .iter()
         .map(|p| RankProgress {
@@ -218,5 +221,18 @@ fn progress(report: &pb::ProgressReport) -> Vec<RankProgress> {
             age: Duration::from_millis(p.last_progress_age_ms),
             reported_at: at,
         })
-        .collect()
+        .collect();
+    let tier = match pb::StallTier::try_from(report.stall).unwrap_or(pb::StallTier::StallHealthy) {
+        pb::StallTier::StallHealthy => StallTier::Healthy,
+        pb::StallTier::StallSoft => StallTier::Soft,
+        pb::StallTier::StallHard => StallTier::Hard,
+    };
+    NodeReport {
+        ranks,
+        stall: NodeStall {
+            tier,
+            stalled_for: Duration::from_millis(report.stalled_for_ms),
+        },
+        leaving: report.leaving.then_some(report.exit_code),
+    }
 }

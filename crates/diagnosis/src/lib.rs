@@ -3,13 +3,16 @@
 //! - [`position`]: where each rank is (its most telling thread, the meaningful Python frame, its condition).
 //! - [`rollcall`]: from the observations of every node, grouping ranks by position, naming the outliers, and the
 //!   one verdict.
+//! - [`acting`]: when a verdict is strong enough to act on.
 //! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
 
+pub mod acting;
 pub mod detector;
 pub mod position;
 pub mod ranks;
 pub mod rollcall;
 
+pub use acting::{is_conclusive, is_conclusive_for_job, OnHang};
 pub use detector::{
     Detector, DetectorConfig, ProgressBatch, ProgressSource, StallState, Threshold,
 };

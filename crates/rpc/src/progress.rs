@@ -63,7 +63,11 @@ impl ProgressCoalescer {
                 }
             })
             .collect();
-        Some(ProgressReport { session_id, ranks })
+        Some(ProgressReport {
+            session_id,
+            ranks,
+            ..ProgressReport::default()
+        })
     }
 }
 

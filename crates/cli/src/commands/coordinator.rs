@@ -1,14 +1,20 @@
-//! `hangwatch coordinator`: serves one multi-node job's agents (docs/coordinator-protocol.md) until SIGINT or
-//! SIGTERM. Refuses a token file that others can read.
+//! `hangwatch coordinator`: serves one multi-node job's agents (docs/coordinator-protocol.md) and runs the job's
+//! policy over them, until every node has left (or SIGINT/SIGTERM). Also the coordinator an agent hosts
+//! (`run --host-coordinator`). Refuses a token file that others can read.
 
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use hangwatch_coordinator::{Config, Coordinator};
+use hangwatch_agent::human::say;
+use hangwatch_agent::render::{rank_ranges, verdict_text};
+use hangwatch_coordinator::{Config, Coordinator, JobEnding, JobEvent, SuperviseOptions};
+use hangwatch_diagnosis::OnHang;
 use hangwatch_rpc::JobToken;
+use tokio::sync::mpsc;
 
 use crate::duration::parse_nonzero_duration;
 use crate::exit::usage;
@@ -30,7 +36,17 @@ pub struct Args {
     /// A node silent this long is `node_unreachable`.
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = parse_nonzero_duration)]
     silence: Duration,
+    /// What to do about a hang: `abort` orders every node to end its ranks (they exit 75); `observe` only takes
+    /// the roll call and says the verdict.
+    #[arg(long, value_enum, default_value = "abort")]
+    action: crate::commands::run::Action,
+    /// Print the last verdict (or that there was no hang) as one JSON document on stdout at the end.
+    #[arg(long)]
+    json: bool,
 }
+
+/// Exit code of the coordinator when it ended a hung job (as the agents').
+const EXIT_HUNG: u8 = 75;
 
 /// Reads the token, refusing a file that its group or others may read (or write).
 pub fn read_token_file(path: &Path) -> anyhow::Result<JobToken> {
@@ -63,35 +79,242 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     config.job_id = args.job_id;
     config.expected_nodes = args.nnodes;
     config.silence = args.silence;
+    let options = SuperviseOptions {
+        on_hang: args.action.on_hang(),
+        ..SuperviseOptions::default()
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the coordinator's runtime")?;
-    runtime.block_on(async {
+    let ending = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .map_err(|e| usage(format!("cannot listen on {}: {e}", args.listen)))?;
         let addr = listener
             .local_addr()
             .context("cannot read the listening address")?;
-        hangwatch_agent::human::say(format!(
+        say(format!(
             "hangwatch coordinator: listening on {addr} (token from {}); agents join with `hangwatch run --coordinator {addr} --token-file FILE ...`",
             args.token_file.display()
         ));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("cannot watch SIGTERM")?;
-        let shutdown = async move {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            tracing::info!("coordinator stopping on a signal");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let coordinator = Coordinator::new(config);
+        let server = tokio::spawn(coordinator.clone().serve(listener, async move {
+            let _ = stop_rx.await;
+        }));
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let printer = tokio::spawn(print_events(events_rx, "hangwatch coordinator"));
+        let ending = tokio::select! {
+            ending = coordinator.supervise(options, events_tx) => Some(ending),
+            _ = tokio::signal::ctrl_c() => None,
+            _ = term.recv() => None,
         };
-        Coordinator::new(config)
-            .serve(listener, shutdown)
-            .await
-            .context("the coordinator failed")?;
-        hangwatch_agent::human::say("hangwatch coordinator: stopped");
-        Ok(ExitCode::SUCCESS)
+        if ending.is_none() {
+            tracing::info!("coordinator stopping on a signal");
+        }
+        let _ = stop_tx.send(());
+        match tokio::time::timeout(Duration::from_secs(3), server).await {
+            Ok(Ok(Err(e))) => {
+                say(format!(
+                    "hangwatch coordinator: error: {}",
+                    hangwatch_model::error_chain(&e)
+                ));
+            }
+            Ok(_) => {}
+            Err(_) => tracing::warn!("the gRPC server did not stop within 3s"),
+        }
+        let _ = printer.await;
+        say(match &ending {
+            Some(_) => "hangwatch coordinator: every node has left; stopped",
+            None => "hangwatch coordinator: stopped",
+        });
+        anyhow::Ok(ending.unwrap_or_default())
+    })?;
+    if args.json {
+        print_ending(&ending)?;
+    }
+    Ok(if ending.terminated {
+        ExitCode::from(EXIT_HUNG)
+    } else {
+        ExitCode::SUCCESS
     })
+}
+
+/// The one JSON document of `--json`: the last verdict, or that there was no hang.
+fn print_ending(ending: &JobEnding) -> anyhow::Result<()> {
+    #[derive(serde::Serialize)]
+    struct NoHang {
+        version: u32,
+        hang: bool,
+    }
+    match &ending.verdict {
+        Some(verdict) => crate::output::print_json(verdict),
+        None => crate::output::print_json(&NoHang {
+            version: 1,
+            hang: false,
+        }),
+    }
+}
+
+/// Says every event of the coordinator, each line starting with `who`.
+async fn print_events(mut events: mpsc::UnboundedReceiver<JobEvent>, who: &'static str) {
+    while let Some(event) = events.recv().await {
+        say(format!("{who}: {}", describe(&event)));
+    }
+}
+
+/// One event in words.
+pub fn describe(event: &JobEvent) -> String {
+    match event {
+        JobEvent::Joined {
+            node,
+            node_rank,
+            ranks,
+        } => format!(
+            "node {node} joined (node rank {node_rank}{})",
+            if ranks.is_empty() {
+                String::new()
+            } else {
+                format!(", ranks {}", rank_ranges(ranks))
+            }
+        ),
+        JobEvent::Left { node, exit_code } => match exit_code {
+            Some(code) => format!("node {node} left (its agent exits {code})"),
+            None => format!("node {node} left"),
+        },
+        JobEvent::Unreachable { nodes, silence } => format!(
+            "node_unreachable: {} sent nothing for {:.0}s (agent killed, node down, or link cut); its ranks are not a hang by themselves",
+            nodes.join(", "),
+            silence.as_secs_f64()
+        ),
+        JobEvent::Reachable { nodes } => format!("{} heard from again", nodes.join(", ")),
+        JobEvent::ProgressResumed => "progress resumed".into(),
+        JobEvent::RollCallOrdered {
+            trigger,
+            stalled_for,
+            nodes,
+        } => format!(
+            "no progress for {:.1}s ({}): roll call of {nodes} node(s)",
+            stalled_for.as_secs_f64(),
+            trigger.describe()
+        ),
+        JobEvent::Verdict {
+            verdict,
+            not_answered,
+            took,
+            ..
+        } => {
+            let mut text = format!(
+                "verdict in {:.2}s{}:\n{}",
+                took.as_secs_f64(),
+                if not_answered.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (no answer from {})", not_answered.join(", "))
+                },
+                verdict_text(verdict)
+            );
+            while text.ends_with('\n') {
+                text.pop();
+            }
+            text
+        }
+        JobEvent::Terminating { nodes } => format!(
+            "ending the job: ordered every node to end its ranks ({})",
+            nodes.join(", ")
+        ),
+    }
+}
+
+/// A coordinator hosted by an agent (`run --host-coordinator` on node rank 0), on its own threads.
+pub struct HostedCoordinator {
+    coordinator: Coordinator,
+    runtime: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl HostedCoordinator {
+    /// Binds `listen` now (so that a taken port is a usage error before the job starts) and serves in the
+    /// background.
+    pub fn start(listen: SocketAddr, config: Config, on_hang: OnHang) -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("hw-coordinator")
+            .enable_all()
+            .build()
+            .context("cannot start the hosted coordinator's runtime")?;
+        let std_listener = std::net::TcpListener::bind(listen)
+            .map_err(|e| usage(format!("cannot host the coordinator on {listen}: {e}")))?;
+        std_listener
+            .set_nonblocking(true)
+            .context("cannot set up the coordinator's socket")?;
+        let coordinator = Coordinator::new(config);
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        {
+            let _guard = runtime.enter();
+            let listener = tokio::net::TcpListener::from_std(std_listener)
+                .context("cannot set up the coordinator's socket")?;
+            let server = coordinator.clone();
+            runtime.spawn(async move {
+                if let Err(e) = server
+                    .serve(listener, async move {
+                        let _ = stop_rx.await;
+                    })
+                    .await
+                {
+                    say(format!(
+                        "hangwatch coordinator: error: {}",
+                        hangwatch_model::error_chain(&e)
+                    ));
+                }
+            });
+            let (events_tx, events_rx) = mpsc::unbounded_channel();
+            runtime.spawn(print_events(events_rx, "hangwatch coordinator"));
+            let supervisor = coordinator.clone();
+            runtime.spawn(async move {
+                supervisor
+                    .supervise(
+                        SuperviseOptions {
+                            on_hang,
+                            ..SuperviseOptions::default()
+                        },
+                        events_tx,
+                    )
+                    .await
+            });
+        }
+        say(format!(
+            "hangwatch coordinator: hosted by this agent, listening on {listen}"
+        ));
+        Ok(Self {
+            coordinator,
+            runtime,
+            stop: Some(stop),
+        })
+    }
+
+    /// This node's job is over: keep serving (at most `wait`) until every other node has left or gone silent, so
+    /// that the last orders reach them, then stop.
+    pub fn finish(mut self, wait: Duration) {
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            let view = self.coordinator.view();
+            let members = self.coordinator.members();
+            let settled = view.all_left
+                || members
+                    .iter()
+                    .all(|m| m.left.is_some() || view.unreachable.contains(&m.node));
+            if settled {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.runtime.shutdown_timeout(Duration::from_secs(1));
+    }
 }

@@ -229,6 +229,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         node: hangwatch_inspect::rollcall::hostname(),
         alert: AlertConfig::default(),
         failed_rank_grace: Duration::from_secs(10),
+        coordinator: None,
     };
     let started = Instant::now();
     let outcome = supervise(config)?;

@@ -13,6 +13,7 @@ use hangwatch_diagnosis::DetectorConfig;
 
 use crate::duration::{parse_duration, parse_nonzero_duration};
 use crate::exit::usage;
+use crate::slurm::{self, Placement};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Action {
@@ -20,6 +21,15 @@ pub enum Action {
     Observe,
     /// ... then end the job: SIGTERM, grace, SIGKILL; exit 75.
     Abort,
+}
+
+impl Action {
+    pub fn on_hang(self) -> OnHang {
+        match self {
+            Action::Observe => OnHang::Observe,
+            Action::Abort => OnHang::Abort,
+        }
+    }
 }
 
 /// Run CMD as the job and watch it.
@@ -43,9 +53,24 @@ pub struct Args {
     /// Start N local ranks with torchrun-style environment. Without it, CMD is one process tree.
     #[arg(long)]
     nproc: Option<u32>,
-    /// Multi-node coordinator address (HOST:PORT).
-    #[arg(long)]
+    /// The job's coordinator (HOST:PORT), for a multi-node job: every node's agent joins it, and hangs are decided
+    /// there from every node's view; when it is gone, each node decides alone. Needs --token-file.
+    #[arg(long, value_name = "ADDR")]
     coordinator: Option<String>,
+    /// Node rank 0's agent hosts the job's coordinator, the others join it: at --coordinator's port, or by default
+    /// at MASTER_ADDR, port MASTER_PORT+1 (inside Slurm: the step's first node, a port from the job id).
+    #[arg(long)]
+    host_coordinator: bool,
+    /// The job's shared secret for the coordinator, the same file on every node, readable by its owner only
+    /// (chmod 600).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// The job's id, which the coordinator checks [default: SLURM_JOB_ID, else "job"].
+    #[arg(long)]
+    job_id: Option<String>,
+    /// This node's name in verdicts and for the coordinator [default: SLURMD_NODENAME, else the hostname].
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
     /// A fixed stall threshold (e.g. 30s, 5m). Default: learned from the job's step intervals.
     #[arg(long, value_parser = parse_nonzero_duration)]
     stall_after: Option<Duration>,
@@ -100,10 +125,10 @@ pub struct Args {
     /// This node's rank [default: SLURM_NODEID inside an srun step, else 0].
     #[arg(long)]
     node_rank: Option<u32>,
-    /// MASTER_ADDR for the ranks.
-    #[arg(long, default_value = "127.0.0.1")]
-    master_addr: String,
-    /// MASTER_PORT for the ranks [default: a free port].
+    /// MASTER_ADDR for the ranks [default: in a multi-node Slurm step, its first node; else 127.0.0.1].
+    #[arg(long)]
+    master_addr: Option<String>,
+    /// MASTER_PORT for the ranks [default: in a multi-node Slurm step, a port from the job id; else a free port].
     #[arg(long)]
     master_port: Option<u16>,
     /// The job: a command and its arguments, after `--`.
@@ -117,15 +142,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if args.coordinator.is_some() {
-        return Err(usage(
-            "--coordinator (multi-node) is not implemented yet in this version: run one `hangwatch run` per node without it",
-        ));
-    }
     if args.nproc == Some(0) {
         return Err(usage("--nproc must be at least 1"));
     }
-    let placement = Placement::from_env(|key| std::env::var(key).ok());
+    let env = |key: &str| std::env::var(key).ok();
+    let placement = Placement::from_env(env);
     let nnodes = args.nnodes.unwrap_or(placement.nnodes);
     let node_rank = args.node_rank.unwrap_or(placement.node_rank);
     if nnodes == 0 {
@@ -139,6 +160,31 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.min_stall > args.max_stall {
         return Err(usage("--min-stall is above --max-stall"));
     }
+    // Inside a multi-node Slurm step every node computes the same MASTER_ADDR and MASTER_PORT without talking.
+    let in_slurm_step = nnodes > 1 && env("SLURM_STEP_ID").is_some();
+    let job_id = args
+        .job_id
+        .clone()
+        .or_else(|| slurm::job_id(env))
+        .unwrap_or_else(|| "job".into());
+    let master_addr = args
+        .master_addr
+        .clone()
+        .or_else(|| in_slurm_step.then(|| slurm::first_node(env)).flatten())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let master_port = args
+        .master_port
+        .or_else(|| in_slurm_step.then(|| slurm::job_port(&job_id)).flatten());
+    let node_name = args.node_name.clone().or_else(|| slurm::node_name(env));
+    let coordination = coordination(
+        &args,
+        nnodes,
+        node_rank,
+        &master_addr,
+        master_port,
+        &job_id,
+        node_name.as_deref(),
+    )?;
     let program = args
         .command
         .first()
@@ -176,8 +222,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             socket: None,
             nnodes,
             node_rank,
-            master_addr: args.master_addr.clone(),
-            master_port: args.master_port,
+            master_addr,
+            master_port,
         },
         detector: DetectorConfig {
             fixed: args.stall_after,
@@ -199,7 +245,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         window: Duration::from_millis(300),
         stack_timeout: Duration::from_secs(1),
         probe_timeout: Duration::from_secs(2),
-        node: hangwatch_inspect::rollcall::hostname(),
+        node: node_name,
         alert: AlertConfig {
             webhook: args.webhook.clone(),
             command: args.alert_command.clone(),
@@ -210,6 +256,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .map(|d| d / 2)
             .unwrap_or(Duration::from_secs(30))
             .min(Duration::from_secs(30)),
+        coordinator: coordination.as_ref().map(|c| c.link.clone()),
+    };
+    let hosted = match coordination.as_ref().and_then(|c| c.host.as_ref()) {
+        Some((listen, config)) => Some(crate::commands::coordinator::HostedCoordinator::start(
+            *listen,
+            config.clone(),
+            args.action.on_hang(),
+        )?),
+        None => None,
     };
     // From here on, hangwatch's own output must not block on a frozen file (usage errors above were printed
     // directly, while nothing had started).
@@ -229,6 +284,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             1
         }
     };
+    if let Some(hosted) = hosted {
+        // The other nodes may still be ending their ranks on its order: let them leave first (bounded).
+        hosted.finish(args.grace + Duration::from_secs(10));
+    }
     if let Some(own) = own_output {
         // What hangwatch said last must reach the redirected stream before it is closed.
         hangwatch_agent::human::flush(Duration::from_secs(3));
@@ -323,34 +382,83 @@ fn open_report_dir(args: &Args) -> anyhow::Result<hangwatch_safefs::PrivateDir> 
     Ok(report)
 }
 
-/// Where this agent sits in a multi-node job, as the scheduler says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Placement {
-    nnodes: u32,
-    node_rank: u32,
+/// The coordinator this agent joins, and the one it hosts.
+struct Coordination {
+    link: hangwatch_agent::link::LinkConfig,
+    host: Option<(std::net::SocketAddr, hangwatch_coordinator::Config)>,
 }
 
-impl Placement {
-    /// Inside an srun step (`SLURM_STEP_ID` set) one agent runs per node of the step: the step's node count and this
-    /// node's id. A batch script (no step id) runs on the allocation's first node alone: counting the allocation's
-    /// nodes there (`SLURM_NNODES`) would make WORLD_SIZE larger than the ranks started, and the job would wait
-    /// forever for ranks that never come.
-    fn from_env(get: impl Fn(&str) -> Option<String>) -> Self {
-        let number = |key: &str| get(key).and_then(|v| v.trim().parse::<u32>().ok());
-        if get("SLURM_STEP_ID").is_none() {
-            return Self {
-                nnodes: 1,
-                node_rank: 0,
-            };
+/// Checks the multi-node flags and says where the coordinator is; `None` for a node that decides alone.
+fn coordination(
+    args: &Args,
+    nnodes: u32,
+    node_rank: u32,
+    master_addr: &str,
+    master_port: Option<u16>,
+    job_id: &str,
+    node_name: Option<&str>,
+) -> anyhow::Result<Option<Coordination>> {
+    let addr = match (&args.coordinator, args.host_coordinator) {
+        (Some(addr), _) => addr.clone(),
+        (None, true) => match master_port {
+            Some(port) if port < u16::MAX => format!("{master_addr}:{}", port + 1),
+            _ => {
+                return Err(usage(
+                    "--host-coordinator needs to know where: give --coordinator HOST:PORT, or --master-port (the coordinator takes the next port)",
+                ))
+            }
+        },
+        (None, false) => {
+            if args.token_file.is_some() {
+                return Err(usage(
+                    "--token-file is for the coordinator: give --coordinator HOST:PORT or --host-coordinator too",
+                ));
+            }
+            if nnodes > 1 {
+                say(format!(
+                    "hangwatch: warning: this is node {node_rank} of {nnodes}, without a coordinator: it sees only its own ranks; \
+                     add --host-coordinator --token-file FILE (or --coordinator) so that one verdict names the rank that holds everyone up"
+                ));
+            }
+            return Ok(None);
         }
-        Self {
-            nnodes: number("SLURM_STEP_NUM_NODES")
-                .or_else(|| number("SLURM_NNODES"))
-                .unwrap_or(1)
-                .max(1),
-            node_rank: number("SLURM_NODEID").unwrap_or(0),
-        }
-    }
+    };
+    let Some(token_file) = &args.token_file else {
+        return Err(usage(
+            "the coordinator needs the job's token: give --token-file FILE (the same secret on every node, chmod 600; e.g. `openssl rand -hex 32 > FILE`)",
+        ));
+    };
+    let token = crate::commands::coordinator::read_token_file(token_file)?;
+    let node = node_name
+        .map(str::to_string)
+        .ok_or_else(|| usage("cannot tell this node's name (no hostname): give --node-name"))?;
+    let host = if args.host_coordinator && node_rank == 0 {
+        let port = addr
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+            .ok_or_else(|| usage(format!("--coordinator {addr:?} is not HOST:PORT")))?;
+        let mut config = hangwatch_coordinator::Config::new(token.clone());
+        config.job_id = Some(job_id.to_string());
+        config.expected_nodes = Some(nnodes as usize);
+        Some((std::net::SocketAddr::from(([0, 0, 0, 0], port)), config))
+    } else {
+        None
+    };
+    let ranks: Vec<u32> = match args.nproc {
+        Some(n) => (0..n).map(|local| node_rank * n + local).collect(),
+        None => Vec::new(),
+    };
+    Ok(Some(Coordination {
+        link: hangwatch_agent::link::LinkConfig {
+            addr,
+            token,
+            job_id: job_id.to_string(),
+            node,
+            node_rank,
+            ranks,
+        },
+        host,
+    }))
 }
 
 /// Evidence must be node-local (SPEC promise 4): say so when the report directory is on a network filesystem.
@@ -370,63 +478,5 @@ fn warn_if_shared(dir: &std::path::Path) {
                 mount.fstype
             ));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Placement;
-
-    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |key| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == key)
-                .map(|(_, v)| (*v).to_string())
-        }
-    }
-
-    #[test]
-    fn a_batch_script_of_a_multi_node_allocation_is_one_node() {
-        // What `sbatch -N2` gives the batch script (seen on a real Slurm): no step id.
-        let batch = [
-            ("SLURM_NNODES", "2"),
-            ("SLURM_JOB_NUM_NODES", "2"),
-            ("SLURM_NODEID", "0"),
-            ("SLURM_PROCID", "0"),
-        ];
-        assert_eq!(
-            Placement::from_env(env(&batch)),
-            Placement {
-                nnodes: 1,
-                node_rank: 0
-            },
-            "WORLD_SIZE must count the ranks this one agent starts"
-        );
-    }
-
-    #[test]
-    fn an_srun_step_has_one_agent_per_node_of_the_step() {
-        let step = [
-            ("SLURM_NNODES", "4"),
-            ("SLURM_STEP_ID", "0"),
-            ("SLURM_STEP_NUM_NODES", "2"),
-            ("SLURM_NODEID", "1"),
-        ];
-        assert_eq!(
-            Placement::from_env(env(&step)),
-            Placement {
-                nnodes: 2,
-                node_rank: 1
-            }
-        );
-        assert_eq!(
-            Placement::from_env(env(&[])),
-            Placement {
-                nnodes: 1,
-                node_rank: 0
-            },
-            "outside Slurm: one node"
-        );
     }
 }

@@ -152,6 +152,7 @@ impl FakeAgent {
                     last_progress_age_ms: 10,
                 })
                 .collect(),
+            ..pb::ProgressReport::default()
         };
         tx.send(report()).await.expect("first report queued");
         let mut orders = client

@@ -1,0 +1,204 @@
+//! What Slurm tells a job step about where it runs: the node count and this node's rank, this node's name, the
+//! first node of the job (MASTER_ADDR) and ports derived from the job id. Pure: the environment is passed in.
+
+/// Where this agent sits in a multi-node job, as the scheduler says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    pub nnodes: u32,
+    pub node_rank: u32,
+}
+
+impl Placement {
+    /// Inside an srun step (`SLURM_STEP_ID` set) one agent runs per node of the step: the step's node count and this
+    /// node's id. A batch script (no step id) runs on the allocation's first node alone: counting the allocation's
+    /// nodes there (`SLURM_NNODES`) would make WORLD_SIZE larger than the ranks started, and the job would wait
+    /// forever for ranks that never come.
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Self {
+        let number = |key: &str| get(key).and_then(|v| v.trim().parse::<u32>().ok());
+        if get("SLURM_STEP_ID").is_none() {
+            return Self {
+                nnodes: 1,
+                node_rank: 0,
+            };
+        }
+        Self {
+            nnodes: number("SLURM_STEP_NUM_NODES")
+                .or_else(|| number("SLURM_NNODES"))
+                .unwrap_or(1)
+                .max(1),
+            node_rank: number("SLURM_NODEID").unwrap_or(0),
+        }
+    }
+}
+
+/// This node's name: the one Slurm gave the step's node (`SLURMD_NODENAME`: several emulated nodes can share a
+/// host), else the hostname.
+pub fn node_name(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    get("SLURMD_NODENAME")
+        .filter(|n| !n.trim().is_empty())
+        .map(|n| n.trim().to_string())
+        .or_else(hangwatch_inspect::rollcall::hostname)
+}
+
+/// The first node of the step (`SLURM_STEP_NODELIST`) or of the job (`SLURM_JOB_NODELIST`): node rank 0, where
+/// MASTER_ADDR points and the coordinator is hosted.
+pub fn first_node(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    get("SLURM_STEP_NODELIST")
+        .or_else(|| get("SLURM_JOB_NODELIST"))
+        .and_then(|list| first_host(&list))
+}
+
+/// The first host of a Slurm host list (`n[01-04,10],gpu7` -> `n01`), as `scontrol show hostnames` would list it
+/// first. Written here because the expression needs no more than this, and the alternative is running scontrol.
+pub fn first_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    // The first entry ends at a comma outside brackets.
+    let mut depth = 0usize;
+    let end = list
+        .char_indices()
+        .find(|&(_, c)| {
+            match c {
+                '[' => depth += 1,
+                ']' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+            c == ',' && depth == 0
+        })
+        .map_or(list.len(), |(i, _)| i);
+    let entry = &list[..end];
+    let host = match (entry.find('['), entry.find(']')) {
+        (Some(open), Some(close)) if open < close => {
+            let inside = &entry[open + 1..close];
+            // The first item of the first range, padding kept: `001-004,010` -> `001`.
+            let first = inside.split([',', '-']).next().unwrap_or_default().trim();
+            if first.is_empty() || !first.chars().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            format!("{}{first}{}", &entry[..open], &entry[close + 1..])
+        }
+        (None, None) => entry.to_string(),
+        _ => return None,
+    };
+    (!host.is_empty()).then_some(host)
+}
+
+/// The job's id as Slurm gives it.
+pub fn job_id(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    get("SLURM_JOB_ID")
+        .or_else(|| get("SLURM_JOBID"))
+        .filter(|j| !j.trim().is_empty())
+}
+
+/// MASTER_PORT of a Slurm job: derived from its id, so that every node computes the same one without talking,
+/// and two jobs sharing a node rarely collide (20000..39998, even; the coordinator takes the next port).
+pub fn job_port(job_id: &str) -> Option<u16> {
+    let id: u64 = job_id.trim().split(['_', '.']).next()?.parse().ok()?;
+    u16::try_from(20_000 + (id % 10_000) * 2).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |key| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| (*v).to_string())
+        }
+    }
+
+    #[test]
+    fn a_batch_script_of_a_multi_node_allocation_is_one_node() {
+        // What `sbatch -N2` gives the batch script (seen on a real Slurm): no step id.
+        let batch = [
+            ("SLURM_NNODES", "2"),
+            ("SLURM_JOB_NUM_NODES", "2"),
+            ("SLURM_NODEID", "0"),
+            ("SLURM_PROCID", "0"),
+        ];
+        assert_eq!(
+            Placement::from_env(env(&batch)),
+            Placement {
+                nnodes: 1,
+                node_rank: 0
+            },
+            "WORLD_SIZE must count the ranks this one agent starts"
+        );
+    }
+
+    #[test]
+    fn an_srun_step_has_one_agent_per_node_of_the_step() {
+        let step = [
+            ("SLURM_NNODES", "4"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_STEP_NUM_NODES", "2"),
+            ("SLURM_NODEID", "1"),
+        ];
+        assert_eq!(
+            Placement::from_env(env(&step)),
+            Placement {
+                nnodes: 2,
+                node_rank: 1
+            }
+        );
+        assert_eq!(
+            Placement::from_env(env(&[])),
+            Placement {
+                nnodes: 1,
+                node_rank: 0
+            },
+            "outside Slurm: one node"
+        );
+    }
+
+    #[test]
+    fn the_first_host_of_a_slurm_host_list() {
+        for (list, first) in [
+            ("n1", Some("n1")),
+            ("n[1-3]", Some("n1")),
+            ("gpu[001-004,010],cpu7", Some("gpu001")),
+            ("a5,b[1-2]", Some("a5")),
+            ("rack[3,5]-n", Some("rack3-n")),
+            ("n[x-y]", None),
+            ("n[1-2", None),
+            ("", None),
+        ] {
+            assert_eq!(first_host(list).as_deref(), first, "{list:?}");
+        }
+        assert_eq!(
+            first_node(env(&[
+                ("SLURM_JOB_NODELIST", "n[2-3]"),
+                ("SLURM_STEP_NODELIST", "n3")
+            ]))
+            .as_deref(),
+            Some("n3"),
+            "the step's nodes first"
+        );
+    }
+
+    #[test]
+    fn ports_and_names_from_the_job() {
+        assert_eq!(job_port("4242"), Some(20_000 + 4242 * 2));
+        assert_eq!(
+            job_port("123456_7"),
+            Some(20_000 + 3456 * 2),
+            "an array job"
+        );
+        assert_eq!(job_port("nope"), None);
+        assert_eq!(
+            job_port("19999").map(|p| p + 1),
+            Some(39_999),
+            "the coordinator's port fits too"
+        );
+        assert_eq!(
+            node_name(env(&[("SLURMD_NODENAME", "n2")])).as_deref(),
+            Some("n2")
+        );
+        assert_eq!(
+            job_id(env(&[("SLURM_JOB_ID", "77")])).as_deref(),
+            Some("77")
+        );
+    }
+}

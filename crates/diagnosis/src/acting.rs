@@ -1,0 +1,80 @@
+//! When a verdict is strong enough to act on before the hard threshold, and what acting means. One place for both
+//! the node's agent and the job's coordinator.
+
+use hangwatch_model::{Verdict, VerdictKind};
+
+/// What to do about a hang.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnHang {
+    /// Roll call, evidence, alert; nothing is killed.
+    Observe,
+    /// ... and end the job (TERM, grace, KILL), exit 75.
+    Abort,
+}
+
+/// Evidence strong enough to act on at the soft threshold: a rank blocked in the kernel on a filesystem that
+/// does not answer (or in D), a stopped rank, or a rank that died. Anything less waits for the hard threshold.
+pub fn is_conclusive(verdict: &Verdict) -> bool {
+    match verdict.kind {
+        VerdictKind::Stopped | VerdictKind::Exited => true,
+        VerdictKind::BlockedInKernel => {
+            verdict
+                .filesystems
+                .iter()
+                .any(|f| f.responsive == Some(false))
+                || verdict.culprits.iter().any(|c| c.state == "D")
+        }
+        _ => false,
+    }
+}
+
+/// The same, for a whole job that stopped making progress: a node that stopped answering is as conclusive as a
+/// rank that died, since the ranks of the other nodes wait for its ranks forever.
+pub fn is_conclusive_for_job(verdict: &Verdict) -> bool {
+    is_conclusive(verdict) || verdict.kind == VerdictKind::NodeUnreachable
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hangwatch_model::{Culprit, FilesystemStatus, RankPlace};
+
+    #[test]
+    fn only_strong_evidence_is_conclusive() {
+        let mut v = Verdict::unknown("nothing seen");
+        assert!(!is_conclusive(&v));
+        v.kind = VerdictKind::CollectiveHang;
+        assert!(!is_conclusive(&v), "everyone waiting is not a culprit");
+        v.kind = VerdictKind::BlockedInKernel;
+        assert!(
+            !is_conclusive(&v),
+            "S in a call, filesystem not known to be stuck"
+        );
+        v.filesystems.push(FilesystemStatus {
+            mount: "/shared".into(),
+            node: None,
+            fstype: Some("ext4".into()),
+            responsive: Some(false),
+            detail: None,
+        });
+        assert!(is_conclusive(&v));
+        let mut d = Verdict::unknown("x");
+        d.kind = VerdictKind::BlockedInKernel;
+        d.culprits.push(Culprit {
+            at: RankPlace {
+                state: "D".into(),
+                ..RankPlace::default()
+            },
+            tid: None,
+            killable: Some(false),
+            kernel_stack: None,
+            reason: None,
+            worker: None,
+        });
+        assert!(is_conclusive(&d));
+        let mut gone = Verdict::unknown("x");
+        gone.kind = VerdictKind::NodeUnreachable;
+        assert!(!is_conclusive(&gone));
+        assert!(is_conclusive_for_job(&gone));
+    }
+}
