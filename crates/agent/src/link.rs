@@ -274,7 +274,9 @@ impl LinkWorker {
         {
             Ok(r) => r.into_inner(),
             Err(status) => {
-                let refused = Refusal::from_status(&status).is_some();
+                // A wrong token is a refusal too: retrying will not fix it, people must.
+                let refused = Refusal::from_status(&status).is_some()
+                    || status.code() == tonic::Code::Unauthenticated;
                 return SessionEnd::NotJoined {
                     why: format!("{} ({:?})", status.message(), status.code()),
                     refused,

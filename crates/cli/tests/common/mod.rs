@@ -156,11 +156,15 @@ pub struct HangwatchRun {
 impl HangwatchRun {
     /// `hangwatch run --report-dir <tempdir> --json --grace 2s FLAGS -- JOB`.
     pub fn start(flags: &[&str], job: &[String]) -> HangwatchRun {
+        Self::start_in(Command::new(env!("CARGO_BIN_EXE_hangwatch")), flags, job)
+    }
+
+    /// The same, with `cmd` as the hangwatch program: a wrapper that execs it (in a network namespace, say).
+    pub fn start_in(mut cmd: Command, flags: &[&str], job: &[String]) -> HangwatchRun {
         let report = tempfile::Builder::new()
             .prefix("hangwatch-run-test-")
             .tempdir()
             .expect("temporary report directory");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
         cmd.arg("run")
             .arg("--report-dir")
             .arg(report.path())
