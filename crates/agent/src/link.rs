@@ -68,8 +68,9 @@ pub enum NodeStallTier {
 struct Shared {
     coalescer: ProgressCoalescer,
     stall: (NodeStallTier, Duration),
-    /// Set when the job ended on this node: the agent's exit code.
+    /// Set when the job ended on this node: the agent's exit code, and how each rank ended.
     leaving: Option<i32>,
+    exits: Vec<pb::RankExit>,
 }
 
 /// Where roll-call answers go; cheap to clone into a roll-call worker.
@@ -110,6 +111,7 @@ impl Link {
             coalescer: ProgressCoalescer::new(DEFAULT_PROGRESS_INTERVAL, config.ranks.clone()),
             stall: (NodeStallTier::Healthy, Duration::ZERO),
             leaving: None,
+            exits: Vec::new(),
         }));
         let (answers_tx, answers_rx) = mpsc::unbounded_channel();
         let (stop, stop_rx) = watch::channel(false);
@@ -156,10 +158,15 @@ impl Link {
         self.answers.clone()
     }
 
-    /// The job ended on this node: says goodbye to the coordinator (so that its silence is not taken for a lost
-    /// node) and stops, waiting at most about a second.
-    pub fn leave(mut self, exit_code: i32) {
-        self.shared().leaving = Some(exit_code);
+    /// The job ended on this node: says goodbye to the coordinator with how each rank ended (so that its
+    /// silence is not taken for a lost node, and its ranks count as exited), and stops, waiting at most about a
+    /// second.
+    pub fn leave(mut self, exit_code: i32, exits: Vec<pb::RankExit>) {
+        {
+            let mut shared = self.shared();
+            shared.leaving = Some(exit_code);
+            shared.exits = exits;
+        }
         self.stop.send_replace(true);
         if let Some(thread) = self.thread.take() {
             let until = Instant::now() + GOODBYE_WAIT + Duration::from_millis(500);
@@ -424,6 +431,7 @@ fn report(
     if let Some(code) = shared.leaving {
         report.leaving = true;
         report.exit_code = Some(code);
+        report.exits = shared.exits.clone();
     }
     Some(report)
 }

@@ -394,7 +394,8 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
     sup.track_groups();
     let outcome = sup.run_loop(&rx);
     if let Some(link) = sup.link.take() {
-        link.leave(outcome.exit_code);
+        let exits = sup.rank_exits();
+        link.leave(outcome.exit_code, exits);
     }
     // Processes that outlived their rank (a worker that ignored SIGTERM, a daemon) end with the job.
     let swept = crate::reaper::sweep(&sup.procfs, &sup.groups);
@@ -590,6 +591,23 @@ impl Supervisor {
             self.detector
                 .progress_batch(u.rank, u.source, u.batch(self.start));
         }
+    }
+
+    /// How each rank ended, for the coordinator's goodbye.
+    fn rank_exits(&mut self) -> Vec<hangwatch_rpc::pb::RankExit> {
+        self.procs
+            .iter_mut()
+            .filter_map(|p| {
+                let rank = p.rank?;
+                p.has_exited();
+                Some(hangwatch_rpc::pb::RankExit {
+                    rank,
+                    pid: p.pid,
+                    exit_code: p.exit.as_ref().map(shell_code),
+                    exited_at_unix_s: p.exited_at.map(unix_time_of).unwrap_or(0.0),
+                })
+            })
+            .collect()
     }
 
     /// What the coordinator link said; the policy's input when it is one.

@@ -343,6 +343,124 @@ fn a_killed_agent_is_named_unreachable_within_seconds_and_its_stalled_peers_end_
 }
 
 #[test]
+fn a_rank_that_exits_on_one_node_is_named_exited_by_the_nodes_left_waiting() {
+    let py = require!(python());
+    let net = require!(network());
+    let cluster = Cluster::new(net);
+    let job = rank_job(
+        py,
+        &[
+            "--step-time",
+            "0.05",
+            "--behaviour",
+            "exit",
+            "--after",
+            "10",
+            "--only-rank",
+            "2",
+        ],
+    );
+    let coordinator = cluster.start_coordinator();
+    let mut agents = cluster.start_agents(&["--stall-after", STALL_AFTER], &job);
+    let done: Vec<_> = agents
+        .iter_mut()
+        .map(|a| a.finish(STALL + Duration::from_secs(40)))
+        .collect();
+    // n3's job ended by itself with its rank's code; it said so when it left, and was not called unreachable.
+    done[2].assert_code(3);
+    for (i, d) in done.iter().enumerate().take(2) {
+        d.assert_code(75);
+        assert_eq!(d.json["kind"], "exited", "{}: {}", NODES[i], d.describe());
+        let c = d.culprit(2);
+        assert_eq!(c["node"], "n3", "{}", d.describe());
+    }
+    assert!(
+        coordinator.wait_for(Duration::from_secs(10), |t| t
+            .contains("node n3 left (its agent exits 3)")),
+        "{}",
+        coordinator.text()
+    );
+    assert!(
+        !coordinator.text().contains("node_unreachable: n3"),
+        "a node that left is not unreachable:\n{}",
+        coordinator.text()
+    );
+}
+
+#[test]
+fn node_rank_0_hosts_the_coordinator_and_it_still_decides_when_its_own_node_holds_the_stuck_rank() {
+    let py = require!(python());
+    let net = require!(network());
+    let fs = require!(LoopExt4::new(64));
+    let cluster = Cluster::new(net);
+    let log = fs.path().join("rank0.log");
+    let log_s = log.to_string_lossy().into_owned();
+    let job = rank_job(
+        py,
+        &["--step-time", "0.1", "--log", &log_s, "--only-rank", "0"],
+    );
+    // No coordinator of its own: n1 (node rank 0, rank 0's node) hosts it at MASTER_ADDR:MASTER_PORT+1.
+    let token = cluster.token.to_string_lossy().into_owned();
+    let master = cluster.net.addr(NODES[0]).to_string();
+    let mut agents: Vec<HangwatchRun> = (0..NODES.len())
+        .map(|i| {
+            let node_rank = i.to_string();
+            HangwatchRun::start_in(
+                cluster.net.command(NODES[i], BIN),
+                &[
+                    "--host-coordinator",
+                    "--token-file",
+                    &token,
+                    "--nnodes",
+                    "3",
+                    "--node-rank",
+                    &node_rank,
+                    "--nproc",
+                    "1",
+                    "--master-addr",
+                    &master,
+                    "--master-port",
+                    &cluster.master_port,
+                    "--stall-after",
+                    STALL_AFTER,
+                    "--quiet",
+                ],
+                &job,
+            )
+        })
+        .collect();
+    wait_joined(&agents, "joined");
+    assert!(
+        said(&agents[0], Duration::from_secs(5), "hosted by this agent"),
+        "{}",
+        agents[0].stderr_text()
+    );
+    wait_steps(&log, 3, &agents);
+    for a in agents.iter_mut() {
+        a.track_descendants();
+    }
+    let frozen = require!(fs.freeze());
+    let done: Vec<_> = agents
+        .iter_mut()
+        .map(|a| a.finish(STALL + Duration::from_secs(40)))
+        .collect();
+    for (i, d) in done.iter().enumerate() {
+        d.assert_code(75);
+        let c = d.culprit(0);
+        assert_eq!(c["node"], "n1", "{}: {}", NODES[i], d.describe());
+        assert_eq!(c["state"], "D");
+        assert_eq!(c["syscall"], "write");
+        assert!(
+            d.stderr.contains("the coordinator ends the job"),
+            "{}: decided by the hosted coordinator: {}",
+            NODES[i],
+            d.describe()
+        );
+    }
+    drop(frozen);
+}
+
+#[test]
 fn a_cut_link_is_named_unreachable_and_the_job_goes_on_when_it_heals() {
     let py = require!(python());
     let net = require!(network());

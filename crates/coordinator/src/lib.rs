@@ -19,7 +19,8 @@ use hangwatch_rpc::{JobToken, DEFAULT_PROGRESS_INTERVAL};
 use tokio::sync::mpsc;
 
 pub use membership::{
-    Liveness, Member, Membership, NodeReport, NodeStall, RankProgress, Registration, StallTier,
+    Liveness, Member, Membership, NodeReport, NodeStall, RankExit, RankProgress, Registration,
+    StallTier,
 };
 pub use policy::{JobAction, JobInput, JobNotice, JobPolicy, JobTrigger, JobView};
 
@@ -198,10 +199,22 @@ impl Coordinator {
                 deadline_ms: u32::try_from(deadline.as_millis()).unwrap_or(u32::MAX),
             })),
         };
-        let (expected, mut waiting) = {
+        let (expected, departed, mut waiting) = {
             let mut st = self.state();
             st.roll_calls.insert(id, tx);
-            let expected: Vec<String> = st.membership.members().map(|m| m.node.clone()).collect();
+            // A node that left is not asked: its agent said how its ranks ended, and they count as exited.
+            let departed: Vec<NodeObservations> = st
+                .membership
+                .members()
+                .filter(|m| m.left.is_some())
+                .map(departed_observations)
+                .collect();
+            let expected: Vec<String> = st
+                .membership
+                .members()
+                .filter(|m| m.left.is_none())
+                .map(|m| m.node.clone())
+                .collect();
             let mut waiting = 0usize;
             for node in &expected {
                 match st.attached.get(node) {
@@ -212,7 +225,7 @@ impl Coordinator {
                     None => tracing::warn!(%node, "no open session to order a roll call"),
                 }
             }
-            (expected, waiting)
+            (expected, departed, waiting)
         };
         tracing::info!(
             roll_call = id,
@@ -243,7 +256,9 @@ impl Coordinator {
             tracing::warn!(roll_call = id, nodes = ?not_answered, "nodes did not answer the roll call in time");
         }
         // Moved, not cloned: at 1,250 nodes the observations are over 100 MiB.
-        let observations: Vec<NodeObservations> = observations.into_values().collect();
+        let mut observations: Vec<NodeObservations> = observations.into_values().collect();
+        let answered_count = observations.len();
+        observations.extend(departed);
         let verdict = decide(
             &observations,
             &DecideOptions {
@@ -251,6 +266,7 @@ impl Coordinator {
                 expected_nodes: expected,
             },
         );
+        observations.truncate(answered_count);
         RollCallOutcome {
             verdict,
             answered,
@@ -259,30 +275,101 @@ impl Coordinator {
         }
     }
 
-    /// Orders every attached agent to end its ranks; returns the nodes the order was queued for.
+    /// Orders every attached agent to end its ranks; returns the nodes the order was queued for. Each node gets
+    /// the job-wide verdict with the rows of `ranks` that are its own or a culprit's ([`verdict_for_node`]).
     pub fn terminate(&self, reason: &str, verdict: Option<&Verdict>) -> Vec<String> {
-        let order = pb::Order {
-            order_id: self.next_id(),
-            kind: Some(order::Kind::Terminate(pb::TerminateOrder {
-                reason: reason.into(),
-                verdict_json: verdict
-                    .and_then(|v| serde_json::to_vec(v).ok())
-                    .unwrap_or_default(),
-            })),
-        };
         let st = self.state();
+        let shell = verdict.map(Verdict::without_ranks);
         st.attached
             .iter()
-            .filter(|(node, a)| match a.orders.try_send(Ok(order.clone())) {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::warn!(%node, error = %e, "could not order termination");
-                    false
+            .filter(|(node, a)| {
+                let verdict_json = match (verdict, &shell) {
+                    (Some(full), Some(shell)) => encode_for_node(full, shell, node),
+                    _ => Vec::new(),
+                };
+                let order = pb::Order {
+                    order_id: self.next_id(),
+                    kind: Some(order::Kind::Terminate(pb::TerminateOrder {
+                        reason: reason.into(),
+                        verdict_json,
+                    })),
+                };
+                match a.orders.try_send(Ok(order)) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(%node, error = %e, "could not order termination");
+                        false
+                    }
                 }
             })
             .map(|(node, _)| node.clone())
             .collect()
     }
+}
+
+/// The job-wide verdict as node `node` receives it: everything but the roll-call table, of which it keeps its own
+/// ranks and the culprits'. The whole table of a 10,000-rank job is over 100 MiB; the coordinator keeps it.
+pub fn verdict_for_node(full: &Verdict, node: &str) -> Verdict {
+    let mut v = full.without_ranks();
+    v.ranks = rows_for_node(full, node);
+    v
+}
+
+fn rows_for_node(full: &Verdict, node: &str) -> Vec<hangwatch_model::RankReport> {
+    let culprit = |r: &hangwatch_model::RankReport| {
+        full.culprits
+            .iter()
+            .any(|c| c.node == r.at.node && c.rank.is_some() && c.rank == r.at.rank)
+    };
+    full.ranks
+        .iter()
+        .filter(|r| r.at.node.as_deref() == Some(node) || culprit(r))
+        .cloned()
+        .collect()
+}
+
+/// [`verdict_for_node`] as the terminate order carries it, kept well inside the message limit: a table still too
+/// large (thousands of ranks on one node) is left out, and the verdict says so.
+fn encode_for_node(full: &Verdict, shell: &Verdict, node: &str) -> Vec<u8> {
+    let mut v = shell.clone();
+    v.ranks = rows_for_node(full, node);
+    let bytes = serde_json::to_vec(&v).unwrap_or_default();
+    if bytes.len() <= hangwatch_rpc::MAX_MESSAGE_BYTES / 2 {
+        return bytes;
+    }
+    v.ranks.clear();
+    v.warnings.push(format!(
+        "this node's rows of the roll-call table were left out ({} bytes); the coordinator's verdict has them",
+        bytes.len()
+    ));
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// What a node that left stands for in a roll call: its ranks, exited as its agent said.
+fn departed_observations(m: &Member) -> NodeObservations {
+    let mut o = NodeObservations::new(Some(m.node.clone()), 0);
+    o.ranks = m
+        .exits
+        .iter()
+        .map(|e| hangwatch_model::ProcessObservation {
+            pid: e.pid,
+            rank: Some(e.rank),
+            local_rank: None,
+            node: Some(m.node.clone()),
+            comm: None,
+            exited: true,
+            exit_code: e.exit_code,
+            exited_at_unix_s: e.exited_at_unix_s,
+            threads: Vec::new(),
+            tracer_pid: None,
+            sigstop_pending: false,
+            python: None,
+            read_issues: Vec::new(),
+            start_time: None,
+            worker_of: None,
+        })
+        .collect();
+    o
 }
 
 /// How the coordinator runs the job's policy.
@@ -471,4 +558,53 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     Coordinator::new(config).serve(listener, shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hangwatch_model::{Culprit, RankPlace, RankReport};
+
+    fn place(rank: u32, node: &str) -> RankPlace {
+        RankPlace {
+            rank: Some(rank),
+            node: Some(node.into()),
+            pid: 100 + rank as i32,
+            state: "S".into(),
+            ..RankPlace::default()
+        }
+    }
+
+    #[test]
+    fn each_node_gets_the_whole_story_with_its_own_rows_and_the_culprits() {
+        let mut full = Verdict::unknown("rank 0 on n1 is in D");
+        for (rank, node) in [(0, "n1"), (1, "n1"), (2, "n2"), (3, "n2"), (4, "n3")] {
+            full.ranks.push(RankReport {
+                at: place(rank, node),
+                cpu_ms_during_sample: None,
+                threads: Vec::new(),
+                workers: Vec::new(),
+            });
+        }
+        full.culprits.push(Culprit {
+            at: place(0, "n1"),
+            tid: None,
+            killable: Some(false),
+            kernel_stack: None,
+            reason: None,
+            worker: None,
+        });
+        let rows = |v: &Verdict| v.ranks.iter().filter_map(|r| r.rank).collect::<Vec<_>>();
+        let n2 = verdict_for_node(&full, "n2");
+        assert_eq!(rows(&n2), vec![0, 2, 3], "the culprit's row and its own");
+        assert_eq!(n2.summary, full.summary);
+        assert_eq!(n2.culprits, full.culprits);
+        assert_eq!(rows(&verdict_for_node(&full, "n1")), vec![0, 1]);
+        assert_eq!(rows(&verdict_for_node(&full, "n9")), vec![0]);
+
+        let shell = full.without_ranks();
+        let decoded: Verdict =
+            serde_json::from_slice(&encode_for_node(&full, &shell, "n3")).expect("JSON");
+        assert_eq!(rows(&decoded), vec![0, 4]);
+    }
 }

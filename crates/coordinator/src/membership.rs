@@ -27,7 +27,7 @@ pub struct RankProgress {
 }
 
 /// One registered node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Member {
     pub node: String,
     pub node_rank: u32,
@@ -40,6 +40,17 @@ pub struct Member {
     pub stall: NodeStall,
     /// The job ended on this node (with the agent's exit code): its silence is not unreachability.
     pub left: Option<Option<i32>>,
+    /// How the node's ranks ended, as its agent said when it left.
+    pub exits: Vec<RankExit>,
+}
+
+/// How one rank of a node that left ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RankExit {
+    pub rank: u32,
+    pub pid: i32,
+    pub exit_code: Option<i32>,
+    pub exited_at_unix_s: Option<f64>,
 }
 
 /// A node's stall tier, by its own detector (which sees every beat, phase and output line of its ranks).
@@ -59,12 +70,14 @@ pub struct NodeStall {
 }
 
 /// One progress report of a node, as the membership keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct NodeReport {
     pub ranks: Vec<RankProgress>,
     pub stall: NodeStall,
     /// `Some(exit code)` when the job ended on the node.
     pub leaving: Option<Option<i32>>,
+    /// With `leaving`: how its ranks ended.
+    pub exits: Vec<RankExit>,
 }
 
 /// Whether a node is still heard from.
@@ -196,6 +209,7 @@ impl Membership {
                 progress: Vec::new(),
                 stall: NodeStall::default(),
                 left: None,
+                exits: Vec::new(),
             },
         );
         Ok(session_id)
@@ -224,6 +238,7 @@ impl Membership {
             member.stall = r.stall;
             if r.leaving.is_some() {
                 member.left = r.leaving;
+                member.exits = r.exits;
             }
         }
         Some(&member.node)

@@ -13,8 +13,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
-    now, Attached, Coordinator, NodeReport, NodeStall, RankProgress, Registration, StallTier,
-    ORDER_QUEUE,
+    now, Attached, Coordinator, NodeReport, NodeStall, RankExit, RankProgress, Registration,
+    StallTier, ORDER_QUEUE,
 };
 
 pub(crate) struct Service {
@@ -234,5 +234,15 @@ fn node_report(report: &pb::ProgressReport) -> NodeReport {
             stalled_for: Duration::from_millis(report.stalled_for_ms),
         },
         leaving: report.leaving.then_some(report.exit_code),
+        exits: report
+            .exits
+            .iter()
+            .map(|e| RankExit {
+                rank: e.rank,
+                pid: e.pid,
+                exit_code: e.exit_code,
+                exited_at_unix_s: (e.exited_at_unix_s > 0.0).then_some(e.exited_at_unix_s),
+            })
+            .collect(),
     }
 }

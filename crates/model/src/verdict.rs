@@ -78,6 +78,44 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// The same verdict without its roll-call table (`ranks`), which is most of its size in a large job; the
+    /// caller puts back the rows it needs.
+    pub fn without_ranks(&self) -> Verdict {
+        // Destructured in full: a new field must be decided on here, not silently dropped.
+        let Verdict {
+            version,
+            kind,
+            summary,
+            stalled_for_s,
+            culprits,
+            groups,
+            filesystems,
+            actions,
+            observed_at_unix_s,
+            node,
+            recommendations,
+            warnings,
+            ranks: _,
+            nodes_not_seen,
+        } = self;
+        Verdict {
+            version: *version,
+            kind: *kind,
+            summary: summary.clone(),
+            stalled_for_s: *stalled_for_s,
+            culprits: culprits.clone(),
+            groups: groups.clone(),
+            filesystems: filesystems.clone(),
+            actions: actions.clone(),
+            observed_at_unix_s: *observed_at_unix_s,
+            node: node.clone(),
+            recommendations: recommendations.clone(),
+            warnings: warnings.clone(),
+            ranks: Vec::new(),
+            nodes_not_seen: nodes_not_seen.clone(),
+        }
+    }
+
     /// A verdict that says only that nothing could be seen (`kind: unknown`), with why.
     pub fn unknown(summary: impl Into<String>) -> Self {
         Self {
