@@ -325,17 +325,21 @@ impl PrivateDir {
 
     /// Removes subdirectory `name` and everything in it, refusing to follow symlinks and skipping nothing
     /// silently: entries not ours stop the removal with [`SafeFsError::NotOurs`]. Returns `Ok(false)` without
-    /// removing anything when the directory is in use (see [`PrivateDir::lock_in_use`]).
+    /// removing anything when the directory is in use (see [`PrivateDir::lock_in_use`]), and `Ok(true)` when it
+    /// is already gone (another run pruning the same root removed it first).
     pub fn remove_dir_all(&self, name: &str) -> Result<bool, SafeFsError> {
         check_name(name)?;
         let path = self.path.join(name);
-        let fd = rustix::fs::openat(
+        let opened = rustix::fs::openat(
             &self.fd,
             name,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
-        )
-        .map_err(|e| {
+        );
+        if matches!(opened, Err(rustix::io::Errno::NOENT)) {
+            return Ok(true);
+        }
+        let fd = opened.map_err(|e| {
             explain(
                 self.fd.as_fd(),
                 OsStr::new(name),
