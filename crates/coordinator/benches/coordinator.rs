@@ -100,10 +100,12 @@ fn coordinator(nodes: usize) {
         println!("PROGRESS_CPU {:.1}%", cpu * 100.0);
         println!("RSS_IDLE {}", rss_kib("VmRSS"));
         let mut times = Vec::new();
+        let mut last = None;
         for _ in 0..3 {
             let t = Instant::now();
             let outcome = c.roll_call(Duration::from_secs(30)).await;
             times.push(t.elapsed());
+            last = Some(outcome.verdict.clone());
             let v = &outcome.verdict;
             let culprit = v.culprits.first().map(|c| (c.rank, c.node.clone()));
             println!(
@@ -117,6 +119,17 @@ fn coordinator(nodes: usize) {
         }
         times.sort();
         println!("ROLLCALL_MEDIAN {:.0} ms", times[1].as_secs_f64() * 1000.0);
+        if let Some(verdict) = last {
+            let full = serde_json::to_vec(&verdict).map_or(0, |b| b.len());
+            let one = serde_json::to_vec(&hangwatch_coordinator::verdict_for_node(&verdict, "n7"))
+                .map_or(0, |b| b.len());
+            let t = Instant::now();
+            let ordered = c.terminate("bench", Some(&verdict)).len();
+            println!(
+                "TERMINATE {:.0} ms to {ordered} nodes; verdict {full} bytes whole, {one} bytes as one node gets it",
+                t.elapsed().as_secs_f64() * 1000.0
+            );
+        }
         println!("RSS_PEAK {}", rss_kib("VmHWM"));
         server.abort();
     });

@@ -278,11 +278,18 @@ impl Coordinator {
     /// Orders every attached agent to end its ranks; returns the nodes the order was queued for. Each node gets
     /// the job-wide verdict with the rows of `ranks` that are its own or a culprit's ([`verdict_for_node`]).
     pub fn terminate(&self, reason: &str, verdict: Option<&Verdict>) -> Vec<String> {
-        let st = self.state();
-        let shell = verdict.map(Verdict::without_ranks);
-        st.attached
+        // The orders are made outside the lock: at 1,250 nodes encoding them takes most of a second, during which
+        // progress reports and roll-call answers must still be taken.
+        let attached: Vec<(String, mpsc::Sender<Result<pb::Order, tonic::Status>>)> = self
+            .state()
+            .attached
             .iter()
-            .filter(|(node, a)| {
+            .map(|(node, a)| (node.clone(), a.orders.clone()))
+            .collect();
+        let shell = verdict.map(Verdict::without_ranks);
+        attached
+            .into_iter()
+            .filter(|(node, orders)| {
                 let verdict_json = match (verdict, &shell) {
                     (Some(full), Some(shell)) => encode_for_node(full, shell, node),
                     _ => Vec::new(),
@@ -294,7 +301,7 @@ impl Coordinator {
                         verdict_json,
                     })),
                 };
-                match a.orders.try_send(Ok(order)) {
+                match orders.try_send(Ok(order)) {
                     Ok(()) => true,
                     Err(e) => {
                         tracing::warn!(%node, error = %e, "could not order termination");
@@ -302,7 +309,7 @@ impl Coordinator {
                     }
                 }
             })
-            .map(|(node, _)| node.clone())
+            .map(|(node, _)| node)
             .collect()
     }
 }
@@ -535,7 +542,14 @@ impl Coordinator {
                             .verdict
                             .as_ref()
                             .map_or_else(|| "the job is hung".to_string(), |v| v.summary.clone());
-                        let nodes = self.terminate(&reason, ending.verdict.as_ref());
+                        // Off the runtime's threads: encoding the orders of a large job takes a while.
+                        let coordinator = self.clone();
+                        let verdict = ending.verdict.clone();
+                        let nodes = tokio::task::spawn_blocking(move || {
+                            coordinator.terminate(&reason, verdict.as_ref())
+                        })
+                        .await
+                        .unwrap_or_default();
                         ending.terminated = true;
                         emit(JobEvent::Terminating { nodes });
                     }
