@@ -268,6 +268,23 @@ fn the_incident_across_three_nodes_every_node_names_rank_0_on_n1_in_write_and_ex
         "{}",
         coordinator.text()
     );
+    // The coordinator keeps the verdict on its own node-local disk.
+    let kept = coordinator
+        .text()
+        .lines()
+        .find_map(|l| l.split("verdict kept in ").nth(1).map(PathBuf::from))
+        .unwrap_or_else(|| panic!("no verdict kept:\n{}", coordinator.text()));
+    let kept: Value = serde_json::from_str(
+        &std::fs::read_to_string(kept.join("verdict.json"))
+            .expect("the coordinator's verdict.json"),
+    )
+    .expect("JSON");
+    assert_eq!(kept["culprits"][0]["node"], "n1");
+    assert_eq!(
+        kept["ranks"].as_array().map(Vec::len),
+        Some(3),
+        "the coordinator's copy has every rank"
+    );
     assert_eq!(
         coordinator.guard.try_wait().and_then(|s| s.code()),
         Some(75),

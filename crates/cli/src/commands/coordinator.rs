@@ -43,6 +43,10 @@ pub struct Args {
     /// Print the last verdict (or that there was no hang) as one JSON document on stdout at the end.
     #[arg(long)]
     json: bool,
+    /// Each verdict is kept here (verdict.json, verdict.txt); must be node-local; made private (0700) [default:
+    /// a new coordinator-<UTC time>-<pid> under /var/tmp/hangwatch-<uid>].
+    #[arg(long)]
+    report_dir: Option<PathBuf>,
 }
 
 /// Exit code of the coordinator when it ended a hung job (as the agents').
@@ -75,6 +79,23 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<JobToken> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let token = read_token_file(&args.token_file)?;
+    // Held open (and locked) while the coordinator runs: a run pruning the same root leaves it alone.
+    let report = match &args.report_dir {
+        Some(dir) => hangwatch_safefs::PrivateDir::open_or_create(dir).map_err(|e| {
+            usage(format!(
+                "cannot use the report directory: {}",
+                crate::dirs::error_chain(&e)
+            ))
+        })?,
+        None => crate::dirs::create_run_dir("coordinator").map_err(usage)?.1,
+    };
+    report.lock_in_use().map_err(|e| {
+        usage(format!(
+            "cannot use the report directory: {}",
+            crate::dirs::error_chain(&e)
+        ))
+    })?;
+    let report_dir = report.path().to_path_buf();
     let mut config = Config::new(token);
     config.job_id = args.job_id;
     config.expected_nodes = args.nnodes;
@@ -106,7 +127,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let _ = stop_rx.await;
         }));
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let printer = tokio::spawn(print_events(events_rx, "hangwatch coordinator"));
+        let printer = tokio::spawn(print_events(
+            events_rx,
+            "hangwatch coordinator",
+            Some(report_dir.clone()),
+        ));
         let ending = tokio::select! {
             ending = coordinator.supervise(options, events_tx) => Some(ending),
             _ = tokio::signal::ctrl_c() => None,
@@ -136,6 +161,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
         print_ending(&ending)?;
     }
+    drop(report);
     Ok(if ending.terminated {
         ExitCode::from(EXIT_HUNG)
     } else {
@@ -159,10 +185,42 @@ fn print_ending(ending: &JobEnding) -> anyhow::Result<()> {
     }
 }
 
-/// Says every event of the coordinator, each line starting with `who`.
-async fn print_events(mut events: mpsc::UnboundedReceiver<JobEvent>, who: &'static str) {
+/// Says every event of the coordinator, each line starting with `who`, and keeps each verdict in `keep` (when
+/// given) through the abandonable writer: the coordinator never blocks on a directory.
+async fn print_events(
+    mut events: mpsc::UnboundedReceiver<JobEvent>,
+    who: &'static str,
+    keep: Option<PathBuf>,
+) {
+    let program =
+        hangwatch_inspect::child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
     while let Some(event) = events.recv().await {
         say(format!("{who}: {}", describe(&event)));
+        if let (JobEvent::Verdict { verdict, .. }, Some(dir)) = (&event, &keep) {
+            let files = hangwatch_agent::evidence::verdict_files(verdict);
+            let (program, dir) = (program.clone(), dir.clone());
+            let written = tokio::task::spawn_blocking(move || {
+                hangwatch_agent::evidence::write_abandonable(
+                    &program,
+                    &dir,
+                    &files,
+                    Duration::from_secs(5),
+                )
+                .map(|()| dir)
+            })
+            .await;
+            match written {
+                Ok(Ok(dir)) => {
+                    say(format!("{who}: verdict kept in {}", dir.display()));
+                }
+                Ok(Err(e)) => {
+                    say(format!(
+                        "{who}: warning: the verdict could not be kept: {e}"
+                    ));
+                }
+                Err(e) => tracing::warn!(error = %e, "the verdict writer failed"),
+            }
+        }
     }
 }
 
@@ -272,7 +330,8 @@ impl HostedCoordinator {
                 }
             });
             let (events_tx, events_rx) = mpsc::unbounded_channel();
-            runtime.spawn(print_events(events_rx, "hangwatch coordinator"));
+            // The hosting agent's evidence holds the job's verdict already.
+            runtime.spawn(print_events(events_rx, "hangwatch coordinator", None));
             let supervisor = coordinator.clone();
             runtime.spawn(async move {
                 supervisor
