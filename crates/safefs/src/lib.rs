@@ -365,12 +365,13 @@ impl PrivateDir {
         }
         let sub = PrivateDir { fd, path };
         sub.empty()?;
-        rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR).map_err(|e| {
-            SafeFsError::Remove {
+        // Gone already: another run pruning the same root removed it first.
+        rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR)
+            .or_else(ignore_gone)
+            .map_err(|e| SafeFsError::Remove {
                 path: sub.path.clone(),
                 source: e.into(),
-            }
-        })?;
+            })?;
         Ok(true)
     }
 
@@ -408,12 +409,22 @@ impl PrivateDir {
             } else {
                 rustix::fs::unlinkat(&self.fd, name.as_str(), AtFlags::empty())
             }
+            .or_else(ignore_gone)
             .map_err(|e| SafeFsError::Remove {
                 path,
                 source: e.into(),
             })?;
         }
         Ok(())
+    }
+}
+
+/// An entry that is already gone was removed by someone else (a concurrent prune): the removal is done.
+fn ignore_gone(e: rustix::io::Errno) -> rustix::io::Result<()> {
+    if e == rustix::io::Errno::NOENT {
+        Ok(())
+    } else {
+        Err(e)
     }
 }
 
