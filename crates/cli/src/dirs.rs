@@ -167,6 +167,16 @@ pub fn create_run_dir(kind: &str) -> Result<(PrivateDir, PrivateDir), String> {
     ))
 }
 
+/// The report directory of a command that keeps evidence: `given` made private, or a new `<kind>-<time>-<pid>`
+/// under the per-user root. The error says what was refused and why.
+pub fn open_report_dir(given: Option<&Path>, kind: &str) -> Result<PrivateDir, String> {
+    match given {
+        Some(dir) => PrivateDir::open_or_create(dir)
+            .map_err(|e| format!("cannot use the report directory: {}", error_chain(&e))),
+        None => create_run_dir(kind).map(|(_, run)| run),
+    }
+}
+
 /// Removes the oldest run directories under `root` so that `keep` remain; a run still going on (its directory
 /// locked by its hangwatch) and anything not ours are left. Returns the names removed.
 pub fn prune_runs(root: &PrivateDir, current: &str, keep: usize) -> Vec<String> {

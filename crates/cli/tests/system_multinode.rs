@@ -172,6 +172,17 @@ fn wait_steps(log: &Path, steps: usize, agents: &[HangwatchRun]) {
     );
 }
 
+/// The incident's job: rank 0 logs every step to `rank0.log` on `fs`; every rank meets the others in a barrier.
+fn incident_job(py: &Path, fs: &LoopExt4) -> (PathBuf, String, Vec<String>) {
+    let log = fs.path().join("rank0.log");
+    let log_s = log.to_string_lossy().into_owned();
+    let job = rank_job(
+        py,
+        &["--step-time", "0.1", "--log", &log_s, "--only-rank", "0"],
+    );
+    (log, log_s, job)
+}
+
 fn said(agent: &HangwatchRun, timeout: Duration, text: &str) -> bool {
     wait_until(timeout, POLL, || agent.stderr_text().contains(text))
 }
@@ -192,12 +203,7 @@ fn the_incident_across_three_nodes_every_node_names_rank_0_on_n1_in_write_and_ex
     let net = require!(network());
     let fs = require!(LoopExt4::new(64));
     let cluster = Cluster::new(net);
-    let log = fs.path().join("rank0.log");
-    let log_s = log.to_string_lossy().into_owned();
-    let job = rank_job(
-        py,
-        &["--step-time", "0.1", "--log", &log_s, "--only-rank", "0"],
-    );
+    let (log, log_s, job) = incident_job(py, &fs);
     let mut coordinator = cluster.start_coordinator();
     let mut agents = cluster.start_agents(&["--stall-after", STALL_AFTER], &job);
     wait_joined(&agents, "joined");
@@ -410,12 +416,7 @@ fn node_rank_0_hosts_the_coordinator_and_it_still_decides_when_its_own_node_hold
     let net = require!(network());
     let fs = require!(LoopExt4::new(64));
     let cluster = Cluster::new(net);
-    let log = fs.path().join("rank0.log");
-    let log_s = log.to_string_lossy().into_owned();
-    let job = rank_job(
-        py,
-        &["--step-time", "0.1", "--log", &log_s, "--only-rank", "0"],
-    );
+    let (log, _, job) = incident_job(py, &fs);
     // No coordinator of its own: n1 (node rank 0, rank 0's node) hosts it at MASTER_ADDR:MASTER_PORT+1.
     let token = cluster.token.to_string_lossy().into_owned();
     let master = cluster.net.addr(NODES[0]).to_string();
@@ -520,12 +521,7 @@ fn without_its_coordinator_every_node_carries_on_rejoins_a_restarted_one_and_sti
     let net = require!(network());
     let fs = require!(LoopExt4::new(64));
     let cluster = Cluster::new(net);
-    let log = fs.path().join("rank0.log");
-    let log_s = log.to_string_lossy().into_owned();
-    let job = rank_job(
-        py,
-        &["--step-time", "0.1", "--log", &log_s, "--only-rank", "0"],
-    );
+    let (log, log_s, job) = incident_job(py, &fs);
     let mut coordinator = cluster.start_coordinator();
     let mut agents = cluster.start_agents(&["--stall-after", STALL_AFTER], &job);
     wait_joined(&agents, "joined");

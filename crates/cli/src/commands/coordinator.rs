@@ -80,15 +80,8 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<JobToken> {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let token = read_token_file(&args.token_file)?;
     // Held open (and locked) while the coordinator runs: a run pruning the same root leaves it alone.
-    let report = match &args.report_dir {
-        Some(dir) => hangwatch_safefs::PrivateDir::open_or_create(dir).map_err(|e| {
-            usage(format!(
-                "cannot use the report directory: {}",
-                crate::dirs::error_chain(&e)
-            ))
-        })?,
-        None => crate::dirs::create_run_dir("coordinator").map_err(usage)?.1,
-    };
+    let report =
+        crate::dirs::open_report_dir(args.report_dir.as_deref(), "coordinator").map_err(usage)?;
     report.lock_in_use().map_err(|e| {
         usage(format!(
             "cannot use the report directory: {}",

@@ -163,15 +163,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             log.display()
         ),
     );
-    let report = match &args.report_dir {
-        Some(dir) => hangwatch_safefs::PrivateDir::open_or_create(dir).map_err(|e| {
-            usage(format!(
-                "cannot use the report directory: {}",
-                crate::dirs::error_chain(&e)
-            ))
-        })?,
-        None => crate::dirs::create_run_dir("demo").map_err(usage)?.1,
-    };
+    let report = crate::dirs::open_report_dir(args.report_dir.as_deref(), "demo").map_err(usage)?;
     let report_dir = report.path().to_path_buf();
     let freezer = {
         let mount = stage.mount.clone();
