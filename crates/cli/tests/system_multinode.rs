@@ -624,3 +624,31 @@ fn an_agent_with_the_wrong_token_is_refused_says_so_and_changes_nothing() {
         coordinator.text()
     );
 }
+
+#[test]
+fn a_second_agent_under_a_taken_node_name_is_refused_with_what_to_fix() {
+    let py = require!(python());
+    let net = require!(network());
+    let cluster = Cluster::new(net);
+    let coordinator = cluster.start_coordinator();
+    let job = rank_job(py, &["--step-time", "0.05"]);
+    let first = cluster.start_agent(0, &["--stall-after", "60s"], &job);
+    wait_joined(std::slice::from_ref(&first), "joined");
+    // Node n2 calls itself n1 (two nodes sharing a hostname): refused, and its own job still runs.
+    let mut second = cluster.start_agent(1, &["--stall-after", "60s", "--node-name", "n1"], &job);
+    assert!(
+        said(
+            &second,
+            Duration::from_secs(30),
+            "refused this node: node n1 is already registered"
+        ),
+        "{}",
+        second.stderr_text()
+    );
+    assert!(second.running(), "{}", second.stderr_text());
+    assert!(
+        !coordinator.text().contains("node n1 joined (node rank 1"),
+        "{}",
+        coordinator.text()
+    );
+}
