@@ -15,7 +15,11 @@ One rank can be told to misbehave (--behaviour), to reproduce the hangs hangwatc
               waits while holding the memory-area lock and munmap waits behind it holding the mmap lock, so every
               reader of this process's memory map (/proc/PID/cmdline, maps, process_vm_readv) blocks until the thaw.
 
---only-rank R applies --log, --behaviour and --pause to rank R only, for launchers that give every rank the same
+--fs-op OP --fs-dir DIR does one filesystem call in DIR every step, as a checkpoint save would (on a frozen mount
+it blocks there): mkdir (a new checkpoint directory), openat (a new file, relative to a directory fd), rename (two
+names swapped), stat (a lookup of a name that does not exist).
+
+--only-rank R applies --log, --behaviour, --fs-op and --pause to rank R only, for launchers that give every rank the same
 arguments (`hangwatch run --nproc N`); --pause STEP:SECONDS sleeps before one step (a checkpoint-like pause).
 
 Dependency-free on purpose. Exits by itself when the process that started it dies.
@@ -134,6 +138,41 @@ def barrier(sock, step):
 
 # ---- what a step does ----
 
+class FsOp:
+    """One filesystem call per step in `directory`, named so that the Python stack says which."""
+
+    def __init__(self, op, directory):
+        self.op, self.directory = op, directory
+        if op == "openat":
+            self.dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        if op == "rename":
+            self.a, self.b = os.path.join(directory, "state-a"), os.path.join(directory, "state-b")
+            if not os.path.exists(self.b):
+                open(self.a, "a").close()
+            else:
+                self.a, self.b = self.b, self.a
+
+    def step(self, rank, step):
+        getattr(self, "do_" + self.op)(rank, step)
+
+    def do_mkdir(self, rank, step):
+        os.mkdir(os.path.join(self.directory, "ckpt-r%d-%d" % (rank, step)))
+
+    def do_openat(self, rank, step):
+        fd = os.open("f-r%d-%d" % (rank, step), os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=self.dir_fd)
+        os.close(fd)
+
+    def do_rename(self, rank, step):
+        os.rename(self.a, self.b)
+        self.a, self.b = self.b, self.a
+
+    def do_stat(self, rank, step):
+        try:
+            os.stat(os.path.join(self.directory, "absent-r%d-%d" % (rank, step)))
+        except FileNotFoundError:
+            pass
+
+
 def work(seconds):
     until = time.monotonic() + seconds
     x = 0
@@ -241,6 +280,9 @@ def parse_args():
     p.add_argument("--after", type=int, default=0, help="steps before misbehaving (spin, lock, exit)")
     p.add_argument("--mmap-file", help="file to map (mmap_stall)")
     p.add_argument("--trigger-file", help="start the mmap stall when this file appears (mmap_stall)")
+    p.add_argument("--fs-op", choices=["mkdir", "openat", "rename", "stat"],
+                   help="one filesystem call in --fs-dir every step (see above)")
+    p.add_argument("--fs-dir", help="directory for --fs-op")
     p.add_argument("--only-rank", type=int,
                    help="apply --log, --behaviour and --pause to this rank only (when every rank gets the same "
                         "arguments, as under `hangwatch run --nproc N`)")
@@ -256,7 +298,7 @@ def main():
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = int(os.environ["MASTER_PORT"])
     if args.only_rank is not None and args.only_rank != rank:
-        args.log, args.behaviour, args.pause = None, "barrier", None
+        args.log, args.behaviour, args.pause, args.fs_op = None, "barrier", None, None
     pause_step, pause_s = (int(args.pause.split(":")[0]), float(args.pause.split(":")[1])) if args.pause else (-1, 0)
 
     if rank == 0:
@@ -265,6 +307,7 @@ def main():
                          daemon=True).start()
     sock = connect(addr, port)
     log = open(args.log, "a") if args.log else None
+    fs_op = FsOp(args.fs_op, args.fs_dir) if args.fs_op else None
 
     if args.behaviour == "mmap_stall":
         if not args.mmap_file:
@@ -293,6 +336,8 @@ def main():
         work(args.step_time)
         if log:
             write_log(log, rank, step)
+        if fs_op:
+            fs_op.step(rank, step)
         barrier(sock, step)
         say("step %d" % step)
         step += 1

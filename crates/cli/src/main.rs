@@ -46,6 +46,9 @@ enum Command {
     /// Internal: read Python stacks and environment of rank processes in a throwaway child (used by dump).
     #[command(name = "__inspect-child", hide = true)]
     InspectChild(commands::inspect_child::Args),
+    /// Internal: read path arguments from rank processes' memory in a throwaway child (used by the roll call).
+    #[command(name = "__read-strings", hide = true)]
+    ReadStrings(commands::read_strings::Args),
     /// Internal: probe one path in a throwaway child (used by probe).
     #[command(name = "__probe-child", hide = true)]
     ProbeChild(commands::probe::ChildArgs),
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
             commands::not_yet::run(name, args)
         }
         Command::InspectChild(args) => commands::inspect_child::run(args),
+        Command::ReadStrings(args) => commands::read_strings::run(args),
         Command::ProbeChild(args) => commands::probe::run_child(args),
         Command::LogWriter(args) => commands::log_writer::run(args),
         Command::JobReaper(args) => commands::job_children::run_reaper(args),
@@ -116,6 +120,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::Demo(_) => "demo",
         Command::Report(_) => "report",
         Command::InspectChild(_) => "__inspect-child",
+        Command::ReadStrings(_) => "__read-strings",
         Command::ProbeChild(_) => "__probe-child",
         Command::LogWriter(_) => "__log-writer",
         Command::JobReaper(_) => "__job-reaper",

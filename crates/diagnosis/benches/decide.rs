@@ -47,6 +47,7 @@ fn thread(
             args: vec![3, 140_000_000_000, 4096, 0, 0, 0],
             fd: Some(3),
             file: Some(on),
+            path: None,
         }),
         kernel_stack: Some(
             [

@@ -34,6 +34,8 @@ pub struct Position {
     /// What the telling thread's system call touches.
     pub syscall_name: Option<String>,
     pub file: Option<FileRef>,
+    /// The call takes a path and it could not be read: why (no file and no mount are named then).
+    pub path_unknown: Option<String>,
     /// The thread waits on a filesystem (D, or a known filesystem wait in S) rather than a socket or a lock.
     pub filesystem_wait: bool,
 }
@@ -105,6 +107,22 @@ pub fn is_filesystem_file(file: &FileRef) -> bool {
         .as_deref()
         .is_some_and(|t| NOT_FILE_TYPES.contains(&t));
     !special_path && !special_fs
+}
+
+/// Why the path argument of the thread's call is unknown, when it is.
+fn path_unknown(thread: &ThreadObservation) -> Option<String> {
+    match &thread.syscall {
+        Some(SyscallObservation::InSyscall {
+            path: Some(p),
+            file: None,
+            ..
+        }) => Some(
+            p.unreadable
+                .clone()
+                .unwrap_or_else(|| "the path it was given was not read".to_string()),
+        ),
+        _ => None,
+    }
 }
 
 fn syscall_file(thread: &ThreadObservation) -> Option<&FileRef> {
@@ -264,6 +282,7 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
             python_stack: None,
             syscall_name: None,
             file: None,
+            path_unknown: None,
             filesystem_wait: false,
         };
     }
@@ -277,6 +296,7 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
             python_stack: None,
             syscall_name: None,
             file: None,
+            path_unknown: None,
             filesystem_wait: false,
         };
     };
@@ -306,6 +326,7 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
         python_stack,
         syscall_name: syscall_name(thread),
         file: syscall_file(thread).cloned(),
+        path_unknown: path_unknown(thread),
         filesystem_wait,
     }
 }

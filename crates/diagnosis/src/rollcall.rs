@@ -733,6 +733,8 @@ fn summarize(
                     format!(" on {}", f.path),
                     f.mount.as_deref().map(|m| format!("; {}", fs_words(m, ctx.node_name(e), filesystems))).unwrap_or_default(),
                 ),
+                // Named as unknown rather than guessed: the working directory is not the path the call was given.
+                None if p.path_unknown.is_some() => (" (the path it was given could not be read)".to_string(), String::new()),
                 None => (String::new(), String::new()),
             };
             with_rest(format!("{} is in {}{call}{on}{fs}{more}", who(e, ctx), state_words(p.state)))

@@ -73,6 +73,7 @@ fn in_call(
             fstype: Some(fstype.into()),
             source: None,
         }),
+        path: None,
     })
 }
 
@@ -123,6 +124,49 @@ fn input(processes: Vec<ProcessObservation>, probes: Vec<ProbeResult>) -> RollCa
         stalled_for_s: None,
         now_unix_s: None,
     }
+}
+
+/// A checkpoint's mkdir in D whose path could not be read (the rank's memory map was locked): no file and no
+/// mount are named, least of all the working directory's, and nothing is called responsive.
+#[test]
+fn a_path_that_could_not_be_read_is_said_to_be_unknown_not_guessed() {
+    let mut procs = ranks(4);
+    procs[0].threads[0] = thread(
+        1000,
+        'D',
+        "percpu_rwsem_wait",
+        Some(SyscallObservation::InSyscall {
+            nr: 83,
+            name: Some("mkdir".into()),
+            args: vec![0x7f00, 0o777],
+            fd: None,
+            file: None,
+            path: Some(Box::new(hangwatch_model::PathArg {
+                addr: 0x7f00,
+                base: Some("/home/me/run".into()),
+                text: None,
+                unreadable: Some("reading the rank's memory did not return within 1.0s".into()),
+            })),
+        }),
+    );
+    let v = roll_call(&input(procs.clone(), vec![probe("/", "ext4", true)]));
+    assert_eq!(v.kind, VerdictKind::BlockedInKernel, "{v:#?}");
+    let c = &v.culprits[0];
+    assert_eq!(c.rank, Some(0));
+    assert_eq!(c.syscall.as_deref(), Some("mkdir"));
+    assert_eq!(c.path, None, "{c:#?}");
+    assert_eq!(c.mount, None, "{c:#?}");
+    assert!(
+        v.summary
+            .contains("in mkdir() (the path it was given could not be read)"),
+        "{}",
+        v.summary
+    );
+    assert!(!v.summary.contains("responds"), "{}", v.summary);
+    assert!(
+        mounts_to_probe(&procs, WINDOW_MS).is_empty(),
+        "no mount is probed on the strength of a guess"
+    );
 }
 
 /// The seed incident: rank 0 in D in write() on a frozen ext4, 15 peers in a barrier.

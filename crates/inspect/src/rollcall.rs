@@ -10,15 +10,17 @@
 //! read directly are the safe ones (`docs/inspecting-a-stuck-process.md`); the rest goes through
 //! [`crate::pystack`] and the probe children.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hangwatch_diagnosis::mounts_to_probe;
 use hangwatch_model::{
-    NodeObservations, ProbeResult, ProcId, ProcessObservation, WorkerOf, NODE_OBSERVATIONS_VERSION,
+    NodeObservations, ProbeResult, ProcId, ProcessObservation, SyscallObservation, WorkerOf,
+    NODE_OBSERVATIONS_VERSION,
 };
-use hangwatch_proc::{observe_process, ProcFs, ReadError};
+use hangwatch_proc::{observe_process, resolve_file_ref, MountTable, ProcFs, ReadError};
 
+use crate::paths::{absolute, read_strings, StringAt};
 use crate::pystack::{read_python_processes, PythonProcessReport, StackReadOptions};
 
 /// How to take a roll call.
@@ -177,6 +179,14 @@ pub fn take_roll_call(
         observations.push(observation);
     }
 
+    // While the stacks are being read: the path arguments of calls that take one, in a child of their own.
+    fill_path_arguments(
+        procfs,
+        &mut observations,
+        &options.stacks.program,
+        options.stacks.per_pid_timeout,
+    );
+
     let mut unreadable = Vec::new();
     let reports: HashMap<i32, PythonProcessReport> = match stack_reader.map(|h| h.join()) {
         Some(Ok(outcome)) => outcome.reports,
@@ -250,6 +260,80 @@ pub fn take_roll_call(
             unreadable,
         },
         elapsed: started.elapsed(),
+    }
+}
+
+/// Reads the path argument of every thread blocked in a call that takes one (in one abandonable child, within
+/// `deadline`), and names the file: the path resolved against its directory, its mount found by prefix in the
+/// process's mount table. A path that cannot be read stays unknown, with why: no file and no mount are named
+/// for that call, rather than the working directory's.
+fn fill_path_arguments(
+    procfs: &ProcFs,
+    observations: &mut [ProcessObservation],
+    program: &std::path::Path,
+    deadline: Duration,
+) {
+    let wanted: BTreeSet<StringAt> = observations
+        .iter()
+        .flat_map(|o| {
+            o.threads.iter().filter_map(move |t| match &t.syscall {
+                Some(SyscallObservation::InSyscall { path: Some(p), .. }) if p.text.is_none() => {
+                    Some(StringAt {
+                        pid: o.pid,
+                        addr: p.addr,
+                    })
+                }
+                _ => None,
+            })
+        })
+        .collect();
+    if wanted.is_empty() {
+        return;
+    }
+    let wanted: Vec<StringAt> = wanted.into_iter().collect();
+    let read = read_strings(program, &wanted, deadline);
+    for o in observations.iter_mut() {
+        let mut mounts: Option<Option<MountTable>> = None;
+        for t in &mut o.threads {
+            let Some(SyscallObservation::InSyscall {
+                path: Some(p),
+                file,
+                name,
+                ..
+            }) = &mut t.syscall
+            else {
+                continue;
+            };
+            let call = name.clone().unwrap_or_else(|| "the call".into());
+            match read.get(&StringAt {
+                pid: o.pid,
+                addr: p.addr,
+            }) {
+                Some(Ok(text)) => {
+                    p.text = Some(text.clone());
+                    match absolute(text, p.base.as_deref()) {
+                        Some(abs) => {
+                            let table = mounts.get_or_insert_with(|| procfs.mountinfo(o.pid).ok());
+                            *file = Some(resolve_file_ref(&abs, None, table.as_ref()));
+                        }
+                        None => {
+                            p.unreadable = Some(format!(
+                                "{call}() names the relative path {text:?}, and the directory it is relative to is unknown"
+                            ));
+                        }
+                    }
+                }
+                Some(Err(why)) => {
+                    p.unreadable = Some(format!(
+                        "the path argument of {call}() could not be read: {why}"
+                    ));
+                }
+                None => {}
+            }
+            if let Some(why) = &p.unreadable {
+                o.read_issues.push(format!("thread {}: {why}", t.tid));
+            }
+        }
     }
 }
 

@@ -97,9 +97,28 @@ pub enum SyscallObservation {
         args: Vec<u64>,
         /// The file descriptor argument, for calls whose first argument is one.
         fd: Option<i32>,
-        /// What that fd (or a path argument) points at.
+        /// What that fd points at, or the file the path argument names (once read and resolved).
         file: Option<FileRef>,
+        /// The path argument of a call that takes one (mkdir, openat, rename, stat, ...).
+        /// Boxed: most calls take no path, and the variant stays small.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        path: Option<Box<PathArg>>,
     },
+}
+
+/// The path argument of a blocked call: where it is in the rank's memory, the directory it is relative to, and
+/// the string itself once read (without stopping the rank, in a child that is abandoned if the read blocks).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PathArg {
+    /// Address of the string in the process's memory.
+    pub addr: u64,
+    /// The directory a relative path is relative to: the dirfd's target or the working directory (readlink of
+    /// /proc, which never touches the filesystem).
+    pub base: Option<String>,
+    /// The string as the call got it.
+    pub text: Option<String>,
+    /// Why the string could not be read; the verdict then names no file and no mount for this call.
+    pub unreadable: Option<String>,
 }
 
 /// A file a thread is using, resolved without touching its filesystem.

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use hangwatch_model::{FileRef, ProcessObservation, SyscallObservation, ThreadObservation};
+use hangwatch_model::{
+    FileRef, PathArg, ProcessObservation, SyscallObservation, ThreadObservation,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::resolve::FileTarget;
@@ -163,29 +165,59 @@ pub fn decode_syscall(
         SyscallLine::NotInSyscall { .. } => SyscallObservation::NotInSyscall,
         SyscallLine::InSyscall { nr, args, .. } => {
             let name = syscall_name(nr);
-            let fd_at = |index: usize| args.get(index).map(|raw| *raw as i32);
-            let (fd, target) = match name.map_or(FileArg::None, file_arg) {
-                FileArg::None => (None, None),
+            let arg = |index: usize| args.get(index).copied();
+            let fd_at = |index: usize| arg(index).map(|raw| raw as i32);
+            // The directory a path argument is relative to: its dirfd, or the working directory.
+            let dir_of = |index: Option<usize>| match index.map(fd_at) {
+                None | Some(Some(AT_FDCWD)) => Some((None, FileTarget::Cwd)),
+                Some(Some(fd)) if fd >= 0 => Some((Some(fd), FileTarget::Fd(fd))),
+                Some(_) => None,
+            };
+            let (fd, file, path) = match name.map_or(FileArg::None, file_arg) {
+                FileArg::None => (None, None, None),
                 FileArg::Fd { index } => match fd_at(index) {
-                    Some(fd) if fd >= 0 => (Some(fd), Some(FileTarget::Fd(fd))),
-                    _ => (None, None),
+                    Some(fd) if fd >= 0 => (Some(fd), resolve(FileTarget::Fd(fd)), None),
+                    _ => (None, None, None),
                 },
-                FileArg::DirFd { index } => match fd_at(index) {
-                    Some(AT_FDCWD) => (None, Some(FileTarget::Cwd)),
-                    Some(fd) if fd >= 0 => (Some(fd), Some(FileTarget::Fd(fd))),
-                    _ => (None, None),
-                },
-                FileArg::CwdPath => (None, Some(FileTarget::Cwd)),
+                FileArg::DirFd { index, path } => {
+                    path_call(dir_of(Some(index)), arg(path), resolve)
+                }
+                FileArg::CwdPath { path } => path_call(dir_of(None), arg(path), resolve),
             };
             SyscallObservation::InSyscall {
                 nr,
                 name: name.map(str::to_owned),
                 args: args.to_vec(),
                 fd,
-                file: target.and_then(&mut *resolve),
+                file,
+                path,
             }
         }
     }
+}
+
+/// A call that takes a path: the file is not known until the string is read from the rank's memory (by the
+/// inspector, in an abandonable child); here only where it is and the directory it is relative to. The directory
+/// is never offered as the file: a `mkdir` on a frozen mount must not be blamed on the working directory's.
+fn path_call(
+    dir: Option<(Option<i32>, FileTarget)>,
+    addr: Option<u64>,
+    resolve: &mut impl FnMut(FileTarget) -> Option<FileRef>,
+) -> (Option<i32>, Option<FileRef>, Option<Box<PathArg>>) {
+    let Some(addr) = addr.filter(|a| *a != 0) else {
+        return (None, None, None);
+    };
+    let (fd, base) = match dir {
+        Some((fd, target)) => (fd, resolve(target).map(|f| f.path)),
+        None => (None, None),
+    };
+    let path = PathArg {
+        addr,
+        base,
+        text: None,
+        unreadable: None,
+    };
+    (fd, None, Some(Box::new(path)))
 }
 
 fn ticks_to_ms(ticks: u64, clk_tck: u64) -> u64 {
@@ -497,7 +529,8 @@ mod tests {
                 name: None,
                 args: vec![3, 0, 0, 0, 0, 0],
                 fd: None,
-                file: None
+                file: None,
+                path: None,
             }
         );
     }

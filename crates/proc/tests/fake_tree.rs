@@ -192,6 +192,7 @@ fn blocked_writer_and_spinner_end_to_end() {
             fstype: Some("ext4".into()),
             source: Some("/dev/loop0".into()),
         }),
+        path: None,
     };
     assert_eq!(
         writer,

@@ -11,4 +11,5 @@ pub mod log_writer;
 pub mod not_yet;
 pub mod own_output;
 pub mod probe;
+pub mod read_strings;
 pub mod run;

@@ -39,6 +39,7 @@ fn thread(tid: i32, state: char, wchan: &str, call: &str, file: FileRef) -> Thre
             args: vec![3, 0, 100],
             fd: Some(3),
             file: Some(file),
+            path: None,
         }),
         kernel_stack: None,
         voluntary_ctxt_switches: Some(10),

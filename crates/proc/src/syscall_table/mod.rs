@@ -56,11 +56,12 @@ pub enum FileArg {
     /// Argument `index` (0-based) is a file descriptor: `write(fd, ...)`, `epoll_wait(epfd, ...)`, or the fd of
     /// `mmap` (index 4; negative for anonymous maps).
     Fd { index: usize },
-    /// Argument `index` is a directory fd (or `AT_FDCWD`) that a path argument is relative to; the path itself
-    /// is a pointer into the process's memory, which is not read.
-    DirFd { index: usize },
-    /// A path relative to the current directory, with no fd (`open`, `stat`, `mkdir` on x86_64).
-    CwdPath,
+    /// Argument `index` is a directory fd (or `AT_FDCWD`) that the path at argument `path` (a pointer into the
+    /// process's memory) is relative to.
+    DirFd { index: usize, path: usize },
+    /// Argument `path` is a path relative to the current directory, with no fd (`open`, `stat`, `mkdir` on
+    /// x86_64).
+    CwdPath { path: usize },
 }
 
 /// Calls whose first argument is a file descriptor.
@@ -216,11 +217,14 @@ pub fn file_arg(name: &str) -> FileArg {
     } else if name == "mmap" {
         FileArg::Fd { index: 4 }
     } else if DIRFD_FIRST.contains(&name) {
-        FileArg::DirFd { index: 0 }
+        FileArg::DirFd { index: 0, path: 1 }
     } else if name == "symlinkat" {
-        FileArg::DirFd { index: 1 }
+        // symlinkat(target, newdirfd, linkpath): the link is what is created.
+        FileArg::DirFd { index: 1, path: 2 }
+    } else if name == "symlink" {
+        FileArg::CwdPath { path: 1 }
     } else if CWD_PATH.contains(&name) {
-        FileArg::CwdPath
+        FileArg::CwdPath { path: 0 }
     } else {
         FileArg::None
     }
@@ -386,10 +390,15 @@ mod tests {
             "mkdirat",
             "renameat2",
         ] {
-            assert_eq!(file_arg(call), FileArg::DirFd { index: 0 }, "{call}");
+            assert_eq!(
+                file_arg(call),
+                FileArg::DirFd { index: 0, path: 1 },
+                "{call}"
+            );
         }
-        assert_eq!(file_arg("symlinkat"), FileArg::DirFd { index: 1 });
-        assert_eq!(file_arg("open"), FileArg::CwdPath);
+        assert_eq!(file_arg("symlinkat"), FileArg::DirFd { index: 1, path: 2 });
+        assert_eq!(file_arg("symlink"), FileArg::CwdPath { path: 1 });
+        assert_eq!(file_arg("open"), FileArg::CwdPath { path: 0 });
         for call in [
             "futex",
             "clock_nanosleep",

@@ -1,0 +1,130 @@
+//! The right file for calls that take a path (issue: "the right file, every time"): a rank blocked in mkdir,
+//! openat (relative to a directory fd), rename or stat names the path it was given, read from its memory without
+//! stopping it, the mount that holds that path and its filesystem type — not its working directory's. On a
+//! really frozen loop-mounted ext4 and on a FUSE mount whose daemon is stopped; each test thaws or resumes, kills
+//! by pid and unmounts what it made, also when it fails.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use hangwatch_testkit::{python, require, wait_until, FuseMount, LoopExt4};
+
+/// Runs 2 ranks; rank 0 does `op` in `dir` every step; `stop` makes `dir`'s filesystem stop answering and
+/// returns a guard that makes it answer again. Returns the finished run.
+fn blocked_in<G>(py: &Path, op: &str, dir: &Path, stop: impl FnOnce() -> G) -> Finished {
+    let dir_s = dir.to_string_lossy().into_owned();
+    let mut run = HangwatchRun::start(
+        &["--nproc", "2", "--stall-after", STALL_AFTER, "--quiet"],
+        &rank_job(
+            py,
+            &[
+                "--step-time",
+                "0.1",
+                "--fs-op",
+                op,
+                "--fs-dir",
+                &dir_s,
+                "--only-rank",
+                "0",
+            ],
+        ),
+    );
+    // The job's output (quiet on the console) is in the report directory's log.
+    let output = run.report_dir().join("output.log");
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || std::fs::read_to_string(
+            &output
+        )
+        .is_ok_and(|t| t.contains("step 3"))),
+        "rank 0 never did 3 steps of {op}:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    let guard = stop();
+    let done = run.finish(STALL + Duration::from_secs(30));
+    drop(guard);
+    done
+}
+
+fn assert_names(done: &Finished, call: &str, dir: &Path, mount: &Path, fstype: &str) {
+    done.assert_code(75);
+    let c = done.culprit(0);
+    assert_eq!(c["syscall"], call, "{}", done.describe());
+    let path = c["path"].as_str().unwrap_or_default();
+    assert!(
+        path.starts_with(&format!("{}/", dir.display())),
+        "the path {call}() was given, not the working directory: {}",
+        done.describe()
+    );
+    assert_eq!(c["mount"], &*mount.to_string_lossy(), "{}", done.describe());
+    assert!(
+        c["fstype"].as_str().unwrap_or_default().starts_with(fstype),
+        "{}",
+        done.describe()
+    );
+    let summary = done.json["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.contains(&format!("in {call}() on {path}")),
+        "{summary}"
+    );
+    assert!(
+        !summary.contains("responds"),
+        "a verdict never calls the filesystem it blames responsive: {summary}"
+    );
+}
+
+fn on_frozen_ext4(op: &str, call: &str) {
+    let py = require!(python());
+    let fs = require!(LoopExt4::new(64));
+    let dir = fs.path().join("ckpt");
+    std::fs::create_dir_all(&dir).expect("checkpoint directory");
+    let done = blocked_in(py, op, &dir, || fs.freeze().expect("freeze"));
+    assert_names(&done, call, &dir, fs.path(), "ext4");
+    assert_eq!(done.culprit(0)["state"], "D");
+}
+
+#[test]
+fn a_rank_blocked_in_mkdir_on_a_frozen_ext4_names_the_new_directory_its_mount_and_ext4() {
+    on_frozen_ext4("mkdir", "mkdir");
+}
+
+#[test]
+fn a_rank_blocked_in_openat_relative_to_a_directory_fd_names_the_file_under_that_directory() {
+    on_frozen_ext4("openat", "openat");
+}
+
+#[test]
+fn a_rank_blocked_in_rename_on_a_frozen_ext4_names_the_file_and_its_mount() {
+    on_frozen_ext4("rename", "rename");
+}
+
+fn on_stopped_fuse(op: &str, call: &str) {
+    let py = require!(python());
+    let backing = tempfile::tempdir().expect("backing directory");
+    let fuse = require!(FuseMount::new(backing.path()));
+    let dir = fuse.path().join("ckpt");
+    std::fs::create_dir_all(&dir).expect("checkpoint directory");
+    let done = blocked_in(py, op, &dir, || {
+        fuse.stop_daemon().expect("stop the FUSE daemon")
+    });
+    assert_names(&done, call, &dir, fuse.path(), "fuse");
+    assert_eq!(
+        done.json["filesystems"][0]["responsive"],
+        false,
+        "{}",
+        done.describe()
+    );
+}
+
+#[test]
+fn a_rank_blocked_in_mkdir_on_a_fuse_mount_whose_daemon_is_stopped_names_it() {
+    on_stopped_fuse("mkdir", "mkdir");
+}
+
+#[test]
+fn a_rank_blocked_in_stat_on_a_fuse_mount_whose_daemon_is_stopped_names_it() {
+    on_stopped_fuse("stat", "newfstatat");
+}
