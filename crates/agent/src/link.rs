@@ -68,6 +68,7 @@ pub enum NodeStallTier {
 struct Shared {
     coalescer: ProgressCoalescer,
     stall: (NodeStallTier, Duration),
+    fs_stuck: bool,
     /// Set when the job ended on this node: the agent's exit code, and how each rank ended.
     leaving: Option<i32>,
     exits: Vec<pb::RankExit>,
@@ -110,6 +111,7 @@ impl Link {
         let shared = Arc::new(Mutex::new(Shared {
             coalescer: ProgressCoalescer::new(DEFAULT_PROGRESS_INTERVAL, config.ranks.clone()),
             stall: (NodeStallTier::Healthy, Duration::ZERO),
+            fs_stuck: false,
             leaving: None,
             exits: Vec::new(),
         }));
@@ -149,9 +151,11 @@ impl Link {
         self.shared().coalescer.progress(rank, step, at);
     }
 
-    /// What the node's detector says now.
-    pub fn stall(&self, tier: NodeStallTier, stalled_for: Duration) {
-        self.shared().stall = (tier, stalled_for);
+    /// What the node's detector says now, and whether its fast path holds.
+    pub fn stall(&self, tier: NodeStallTier, stalled_for: Duration, fs_stuck: bool) {
+        let mut shared = self.shared();
+        shared.stall = (tier, stalled_for);
+        shared.fs_stuck = fs_stuck;
     }
 
     pub fn answers(&self) -> Answers {
@@ -428,6 +432,7 @@ fn report(
         NodeStallTier::Hard => pb::StallTier::StallHard,
     } as i32;
     report.stalled_for_ms = u64::try_from(stalled_for.as_millis()).unwrap_or(u64::MAX);
+    report.fs_stuck = shared.fs_stuck;
     if let Some(code) = shared.leaving {
         report.leaving = true;
         report.exit_code = Some(code);

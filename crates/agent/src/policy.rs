@@ -26,6 +26,9 @@ pub enum Trigger {
     RankFailed,
     /// hangwatch got this signal while the job was stuck: the evidence is kept before the job is ended.
     Signal(i32),
+    /// The fast path: a rank sat in a filesystem wait (or stopped) with its I/O still for `--fs-stall` while the
+    /// job made no progress. Act only if the roll call confirms it (the mount does not answer its probe).
+    FsStall,
     /// The job's coordinator ordered the job ended, with its verdict: this node's evidence is kept while its
     /// ranks are ended.
     Ordered,
@@ -39,6 +42,7 @@ impl Trigger {
             Trigger::Hard => "hard threshold".into(),
             Trigger::RankFailed => "a rank failed".into(),
             Trigger::Signal(sig) => format!("signal {sig}"),
+            Trigger::FsStall => "a rank stuck on its filesystem".into(),
             Trigger::Ordered => "the coordinator's order".into(),
         }
     }
@@ -111,6 +115,8 @@ pub enum Input {
         /// Every live process of the job is one the last verdict found blocked in the kernel: nothing left can
         /// act on a signal, so a grace period would be spent waiting on the unkillable.
         only_stuck_left: bool,
+        /// The fast-path rule holds now (see `hangwatch_diagnosis::fs_stall`), whatever the thresholds say.
+        fs_stuck: bool,
     },
     /// hangwatch received a signal. `stuck`: the job made no progress for longer than its usual step.
     Signal { signal: i32, stuck: bool },
@@ -171,6 +177,8 @@ pub struct Policy {
     soft_done: bool,
     hard_done: bool,
     failed_done: bool,
+    /// The fast path's roll call was taken since the job last made progress.
+    fast_done: bool,
     /// The hard tier was reached while the soft roll call was still running: act on its result.
     hard_pending: bool,
     signals: u32,
@@ -193,6 +201,7 @@ impl Policy {
             soft_done: false,
             hard_done: false,
             failed_done: false,
+            fast_done: false,
             hard_pending: false,
             signals: 0,
             ended_while_inspecting: None,
@@ -227,7 +236,15 @@ impl Policy {
                 failed_rank_for,
                 job_alive,
                 only_stuck_left,
-            } => self.tick(stall, failed_rank_for, job_alive, only_stuck_left, now),
+                fs_stuck,
+            } => self.tick(
+                stall,
+                failed_rank_for,
+                job_alive,
+                only_stuck_left,
+                fs_stuck,
+                now,
+            ),
             Input::Signal { signal, stuck } => self.signal(signal, stuck, now),
             Input::RollCallDone {
                 trigger,
@@ -293,6 +310,7 @@ impl Policy {
         failed_rank_for: Option<Duration>,
         job_alive: bool,
         only_stuck_left: bool,
+        fs_stuck: bool,
         now: Duration,
     ) -> Vec<Action> {
         if let Some((ending, since)) = self.terminated_before_evidence {
@@ -326,12 +344,13 @@ impl Policy {
             _ => return Vec::new(),
         }
         let mut actions = Vec::new();
-        if stall == Stall::Healthy && failed_rank_for.is_none() {
-            if self.soft_done || self.hard_done {
+        if stall == Stall::Healthy && failed_rank_for.is_none() && !fs_stuck {
+            if self.soft_done || self.hard_done || self.fast_done {
                 actions.push(Action::Say(Notice::ProgressResumed));
             }
             self.soft_done = false;
             self.hard_done = false;
+            self.fast_done = false;
             self.hard_pending = false;
             return actions;
         }
@@ -342,6 +361,10 @@ impl Policy {
             return actions;
         }
         match stall {
+            _ if fs_stuck && !self.fast_done && !self.hard_done => {
+                self.fast_done = true;
+                actions.push(self.start_rollcall(Trigger::FsStall));
+            }
             Stall::Hard if !self.hard_done => {
                 self.hard_done = true;
                 self.soft_done = true;
@@ -449,7 +472,7 @@ impl Policy {
             Stage::Watching => {
                 let act = match trigger {
                     Trigger::Hard | Trigger::RankFailed => true,
-                    Trigger::Soft => conclusive || self.hard_pending,
+                    Trigger::Soft | Trigger::FsStall => conclusive || self.hard_pending,
                     Trigger::Signal(_) | Trigger::Ordered => false,
                 };
                 self.hard_pending = false;
@@ -487,6 +510,7 @@ mod tests {
             failed_rank_for: None,
             job_alive: true,
             only_stuck_left: false,
+            fs_stuck: false,
         }
     }
 
@@ -495,6 +519,7 @@ mod tests {
         failed_rank_for: None,
         job_alive: false,
         only_stuck_left: false,
+        fs_stuck: false,
     };
 
     #[test]
@@ -621,6 +646,7 @@ mod tests {
             failed_rank_for: Some(s(for_s)),
             job_alive: true,
             only_stuck_left: false,
+            fs_stuck: false,
         };
         assert!(p.handle(failed(10.0), s(10.0)).is_empty());
         assert_eq!(
@@ -768,6 +794,7 @@ mod tests {
             failed_rank_for: None,
             job_alive: true,
             only_stuck_left: true,
+            fs_stuck: false,
         };
         assert_eq!(
             p.handle(only_stuck, s(2.2)),
@@ -917,6 +944,58 @@ mod tests {
         assert_eq!(
             p.handle(GONE, s(2.0) + EVIDENCE_WAIT),
             vec![Action::Finish(Ending::Hung)]
+        );
+    }
+
+    #[test]
+    fn the_fast_path_looks_at_once_and_acts_only_when_the_roll_call_confirms_it() {
+        let stuck = Input::Tick {
+            stall: Stall::Healthy,
+            failed_rank_for: None,
+            job_alive: true,
+            only_stuck_left: false,
+            fs_stuck: true,
+        };
+        // Confirmed (the mount does not answer): the job is ended long before any threshold.
+        let mut p = policy(OnHang::Abort);
+        assert_eq!(
+            p.handle(stuck.clone(), s(16.0)),
+            vec![Action::RollCall(Trigger::FsStall)]
+        );
+        assert_eq!(
+            p.handle(
+                Input::RollCallDone {
+                    trigger: Trigger::FsStall,
+                    conclusive: true
+                },
+                s(18.0)
+            ),
+            vec![
+                Action::Say(Notice::EndingJob { grace: s(10.0) }),
+                Action::Terminate { kill_now: false }
+            ]
+        );
+        // Not confirmed (a slow filesystem answered its probe): nothing is ended, and it is not asked again
+        // until the job has made progress.
+        let mut p = policy(OnHang::Abort);
+        p.handle(stuck.clone(), s(16.0));
+        assert!(p
+            .handle(
+                Input::RollCallDone {
+                    trigger: Trigger::FsStall,
+                    conclusive: false
+                },
+                s(18.0)
+            )
+            .is_empty());
+        assert!(p.handle(stuck.clone(), s(19.0)).is_empty());
+        assert_eq!(
+            p.handle(tick(Stall::Healthy), s(30.0)),
+            vec![Action::Say(Notice::ProgressResumed)]
+        );
+        assert_eq!(
+            p.handle(stuck, s(50.0)),
+            vec![Action::RollCall(Trigger::FsStall)]
         );
     }
 }

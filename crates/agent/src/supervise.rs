@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hangwatch_diagnosis::{
-    decide, DecideOptions, Detector, DetectorConfig, ProgressSource, StallState, Threshold,
+    decide, fast_path_due, thread_blocked, Blocked, DecideOptions, Detector, DetectorConfig,
+    FsStallTracker, ProgressSource, RankSample, StallState, Threshold,
 };
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
@@ -66,6 +67,9 @@ pub struct RunConfig {
     pub alert: AlertConfig,
     /// A rank that failed while its peers go on: how long before that is treated as a hang.
     pub failed_rank_grace: Duration,
+    /// The fast path (`--fs-stall`): a rank in a filesystem wait (or stopped) with its I/O still this long, while
+    /// the job makes no progress, gets a roll call whatever the thresholds say; zero turns it off.
+    pub fs_stall: Duration,
     /// The job's coordinator (multi-node): while it is reachable it decides about hangs from every node's view;
     /// without it (or while it is gone) this node decides alone.
     pub coordinator: Option<LinkConfig>,
@@ -236,6 +240,8 @@ struct Supervisor {
     termination: Option<TerminationReport>,
     last_discovery: Option<Instant>,
     last_activity_sample: Option<Instant>,
+    last_blocked_sample: Option<Instant>,
+    fs_stall: FsStallTracker,
     last_probe_reap: Option<Instant>,
     activity: HashMap<i32, u64>,
     ranks: Arc<Mutex<RankFinder>>,
@@ -378,6 +384,8 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         termination: None,
         last_discovery: None,
         last_activity_sample: None,
+        last_blocked_sample: None,
+        fs_stall: FsStallTracker::new(),
         last_probe_reap: None,
         activity: HashMap::new(),
         ranks: Arc::new(Mutex::new(RankFinder::new())),
@@ -553,7 +561,11 @@ impl Supervisor {
                         say(format!("hangwatch: warning: {why}"));
                     }
                 }
-                let conclusive = is_conclusive(&verdict);
+                let conclusive = match trigger {
+                    // Before any threshold: only a mount that does not answer (or a stopped rank) will do.
+                    Trigger::FsStall => hangwatch_diagnosis::is_confirmed_stuck(&verdict),
+                    _ => is_conclusive(&verdict),
+                };
                 self.last_verdict = Some(verdict);
                 Input::RollCallDone {
                     trigger,
@@ -689,6 +701,7 @@ impl Supervisor {
             }
             self.reap_probes();
             self.sample_activity();
+            self.sample_blocked();
         }
         let stall = match self.detector.check(now) {
             StallState::Healthy => Stall::Healthy,
@@ -697,19 +710,26 @@ impl Supervisor {
         };
         let mut failed_rank_for = self.failed_rank_waiting();
         let mut stall = stall;
+        let mut fs_stuck = fast_path_due(
+            self.fs_stall.longest(now),
+            self.detector.stalled_for(now),
+            self.config.fs_stall,
+        )
+        .is_some();
         if let Some(link) = &self.link {
             let failed = failed_rank_for.is_some_and(|f| f >= self.config.failed_rank_grace);
             let tier = match stall {
                 _ if failed => NodeStallTier::Hard,
+                Stall::Hard => NodeStallTier::Hard,
                 Stall::Healthy => NodeStallTier::Healthy,
                 Stall::Soft => NodeStallTier::Soft,
-                Stall::Hard => NodeStallTier::Hard,
             };
-            link.stall(tier, self.detector.stalled_for(now));
+            link.stall(tier, self.detector.stalled_for(now), fs_stuck);
             if self.linked {
                 // The coordinator decides about hangs from every node's view; this node only reports.
                 stall = Stall::Healthy;
                 failed_rank_for = None;
+                fs_stuck = false;
             }
         }
         let only_stuck_left =
@@ -720,6 +740,7 @@ impl Supervisor {
                 failed_rank_for,
                 job_alive,
                 only_stuck_left,
+                fs_stuck,
             },
             now,
         );
@@ -1013,6 +1034,70 @@ impl Supervisor {
         }
     }
 
+    /// The fast path's cheap look, once a second and only while the job makes no progress (nothing is read from
+    /// a healthy job): each rank's thread states (wait channels of sleeping threads) and its I/O counters. All of
+    /// it is safe on a rank in D (/proc stat, wchan and io take no lock the rank can hold).
+    fn sample_blocked(&mut self) {
+        let now = self.now();
+        if self.config.fs_stall.is_zero() || self.detector.stalled_for(now) < Duration::from_secs(1)
+        {
+            self.fs_stall.observe(&[], now);
+            return;
+        }
+        if self
+            .last_blocked_sample
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(900))
+        {
+            return;
+        }
+        self.last_blocked_sample = Some(Instant::now());
+        let samples: Vec<RankSample> = self
+            .rank_pids()
+            .into_iter()
+            .map(|(pid, rank)| {
+                let mut blocked = None;
+                for tid in self.procfs.list_threads(pid).unwrap_or_default() {
+                    let Ok(st) = self.procfs.task_stat(pid, tid) else {
+                        continue;
+                    };
+                    let wchan = if st.state == 'S' {
+                        self.procfs.wchan(pid, tid).ok().flatten()
+                    } else {
+                        None
+                    };
+                    match thread_blocked(st.state, wchan.as_deref()) {
+                        Some(Blocked::Stopped) => {
+                            blocked = Some(Blocked::Stopped);
+                            break;
+                        }
+                        Some(b) => blocked = Some(b),
+                        None => {}
+                    }
+                }
+                let io = self.procfs.io(pid).ok().map(|c| {
+                    [
+                        c.rchar,
+                        c.wchar,
+                        c.syscr,
+                        c.syscw,
+                        c.read_bytes,
+                        c.write_bytes,
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .fold(0u64, u64::wrapping_add)
+                });
+                RankSample {
+                    pid,
+                    rank,
+                    blocked,
+                    io,
+                }
+            })
+            .collect();
+        self.fs_stall.observe(&samples, now);
+    }
+
     fn thresholds_record(&self, threshold: &Threshold, stalled_for: Duration) -> ThresholdsRecord {
         ThresholdsRecord::new(self.detector.config(), threshold, stalled_for)
     }
@@ -1050,16 +1135,19 @@ impl Supervisor {
         let now = self.now();
         let stalled_for = self.detector.stalled_for(now);
         let threshold = self.detector.threshold();
-        let tier_threshold = match trigger {
-            Trigger::Soft => threshold.soft,
-            _ => threshold.hard,
+        let (tier_threshold, basis) = match trigger {
+            Trigger::Soft => (threshold.soft, threshold.basis.as_str()),
+            Trigger::FsStall => (
+                self.config.fs_stall,
+                "--fs-stall, whatever the learned threshold",
+            ),
+            _ => (threshold.hard, threshold.basis.as_str()),
         };
         say(format!(
-            "hangwatch: no progress for {:.1}s ({}; threshold {:.0}s, {}): taking a roll call",
+            "hangwatch: no progress for {:.1}s ({}; threshold {:.0}s, {basis}): taking a roll call",
             stalled_for.as_secs_f64(),
             trigger.describe(),
             tier_threshold.as_secs_f64(),
-            threshold.basis
         ));
         let job = self.investigation_job(trigger);
         self.spawn_investigation(trigger, "hw-rollcall", move || job.run());

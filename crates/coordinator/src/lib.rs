@@ -452,6 +452,7 @@ impl Coordinator {
         let st = self.state();
         JobView {
             stall: st.membership.worst_stall().tier,
+            fs_stuck: st.membership.any_fs_stuck(),
             unreachable: st.membership.unreachable(now()).into_iter().collect(),
             all_left: st.membership.all_left(),
         }
@@ -493,7 +494,10 @@ impl Coordinator {
                     JobInput::Tick(self.view())
                 }
                 Some((trigger, outcome, took)) = done_rx.recv() => {
-                    let conclusive = is_conclusive_for_job(&outcome.verdict);
+                    let conclusive = match trigger {
+                        JobTrigger::FsStall => hangwatch_diagnosis::is_confirmed_stuck(&outcome.verdict),
+                        _ => is_conclusive_for_job(&outcome.verdict),
+                    };
                     emit(JobEvent::Verdict {
                         trigger,
                         verdict: Box::new(outcome.verdict.clone()),

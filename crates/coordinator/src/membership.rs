@@ -67,6 +67,8 @@ pub enum StallTier {
 pub struct NodeStall {
     pub tier: StallTier,
     pub stalled_for: Duration,
+    /// The node's fast path holds (a rank stuck on its filesystem, or stopped, while the node stalls).
+    pub fs_stuck: bool,
 }
 
 /// One progress report of a node, as the membership keeps it.
@@ -255,6 +257,13 @@ impl Membership {
         joined > 0
             && self.expected_nodes.is_none_or(|n| joined >= n)
             && self.nodes.values().all(|m| m.left.is_some())
+    }
+
+    /// Whether any node still in the job says its fast path holds.
+    pub fn any_fs_stuck(&self) -> bool {
+        self.nodes
+            .values()
+            .any(|m| m.left.is_none() && m.stall.fs_stuck)
     }
 
     /// The worst stall among the nodes still in the job (live or not: a silent node's last word stands).

@@ -30,6 +30,9 @@ pub enum JobTrigger {
     Hard,
     /// A node stopped answering: look at the others and name it.
     NodeUnreachable,
+    /// A node's fast path holds (a rank stuck on its filesystem, or stopped): look at once, act only if a mount
+    /// does not answer its probe.
+    FsStall,
 }
 
 impl JobTrigger {
@@ -39,6 +42,7 @@ impl JobTrigger {
             JobTrigger::Soft => "soft threshold",
             JobTrigger::Hard => "hard threshold",
             JobTrigger::NodeUnreachable => "a node stopped answering",
+            JobTrigger::FsStall => "a rank stuck on its filesystem",
         }
     }
 }
@@ -48,6 +52,8 @@ impl JobTrigger {
 pub struct JobView {
     /// The worst stall tier among the nodes still in the job.
     pub stall: StallTier,
+    /// A node's fast path holds.
+    pub fs_stuck: bool,
     /// The nodes silent for longer than the silence, by name.
     pub unreachable: BTreeSet<String>,
     /// Every node joined and then left: the job is over.
@@ -101,6 +107,7 @@ pub struct JobPolicy {
     rollcall: Option<JobTrigger>,
     soft_done: bool,
     hard_done: bool,
+    fast_done: bool,
     hard_pending: bool,
     /// The unreachable nodes already announced.
     announced: BTreeSet<String>,
@@ -114,6 +121,7 @@ impl JobPolicy {
             rollcall: None,
             soft_done: false,
             hard_done: false,
+            fast_done: false,
             hard_pending: false,
             announced: BTreeSet::new(),
         }
@@ -165,12 +173,13 @@ impl JobPolicy {
         if self.stage != Stage::Watching {
             return actions;
         }
-        if view.stall == StallTier::Healthy {
-            if self.soft_done || self.hard_done {
+        if view.stall == StallTier::Healthy && !view.fs_stuck {
+            if self.soft_done || self.hard_done || self.fast_done {
                 actions.push(JobAction::Announce(JobNotice::ProgressResumed));
             }
             self.soft_done = false;
             self.hard_done = false;
+            self.fast_done = false;
             self.hard_pending = false;
         }
         if self.rollcall.is_some() {
@@ -180,6 +189,10 @@ impl JobPolicy {
             return actions;
         }
         match view.stall {
+            _ if view.fs_stuck && !self.fast_done && !self.hard_done => {
+                self.fast_done = true;
+                actions.push(self.start(JobTrigger::FsStall));
+            }
             StallTier::Hard if !self.hard_done => {
                 self.hard_done = true;
                 self.soft_done = true;
@@ -212,7 +225,7 @@ impl JobPolicy {
         }
         let act = match trigger {
             JobTrigger::Hard => true,
-            JobTrigger::Soft => conclusive || self.hard_pending,
+            JobTrigger::Soft | JobTrigger::FsStall => conclusive || self.hard_pending,
             // A silent node alone ends nothing: the job may go on without hearing from it (a cut management link).
             JobTrigger::NodeUnreachable => false,
         };
@@ -233,6 +246,7 @@ mod tests {
     fn view(stall: StallTier, unreachable: &[&str]) -> JobInput {
         JobInput::Tick(JobView {
             stall,
+            fs_stuck: false,
             unreachable: unreachable.iter().map(|s| s.to_string()).collect(),
             all_left: false,
         })
@@ -378,5 +392,28 @@ mod tests {
             ),
             vec![JobAction::Terminate]
         );
+    }
+
+    #[test]
+    fn a_nodes_fast_path_gets_a_roll_call_at_once_and_ends_the_job_only_when_confirmed() {
+        let stuck = JobInput::Tick(JobView {
+            fs_stuck: true,
+            ..JobView::default()
+        });
+        let done = |conclusive| JobInput::RollCallDone {
+            trigger: JobTrigger::FsStall,
+            conclusive,
+        };
+        let mut p = JobPolicy::new(OnHang::Abort);
+        assert_eq!(
+            p.handle(stuck.clone(), T),
+            vec![JobAction::RollCall(JobTrigger::FsStall)]
+        );
+        assert_eq!(p.handle(done(true), T), vec![JobAction::Terminate]);
+
+        let mut p = JobPolicy::new(OnHang::Abort);
+        p.handle(stuck.clone(), T);
+        assert!(p.handle(done(false), T).is_empty(), "a slow filesystem");
+        assert!(p.handle(stuck, T).is_empty(), "asked once until progress");
     }
 }

@@ -232,6 +232,7 @@ fn node_report(report: &pb::ProgressReport) -> NodeReport {
         stall: NodeStall {
             tier,
             stalled_for: Duration::from_millis(report.stalled_for_ms),
+            fs_stuck: report.fs_stuck,
         },
         leaving: report.leaving.then_some(report.exit_code),
         exits: report

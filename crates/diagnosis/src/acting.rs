@@ -28,6 +28,20 @@ pub fn is_conclusive(verdict: &Verdict) -> bool {
     }
 }
 
+/// Evidence for the fast path (`--fs-stall`), which acts before any threshold: only a stopped rank, or a rank
+/// blocked on a filesystem whose write probe did not return. A rank in D on a filesystem that answers its probe
+/// is a slow filesystem (a big checkpoint to a loaded GPFS), not a stuck one: it waits for the thresholds.
+pub fn is_confirmed_stuck(verdict: &Verdict) -> bool {
+    match verdict.kind {
+        VerdictKind::Stopped => true,
+        VerdictKind::BlockedInKernel => verdict
+            .filesystems
+            .iter()
+            .any(|f| f.responsive == Some(false)),
+        _ => false,
+    }
+}
+
 /// The same, for a whole job that stopped making progress: a node that stopped answering is as conclusive as a
 /// rank that died, since the ranks of the other nodes wait for its ranks forever.
 pub fn is_conclusive_for_job(verdict: &Verdict) -> bool {
@@ -72,6 +86,11 @@ mod tests {
             worker: None,
         });
         assert!(is_conclusive(&d));
+        assert!(
+            !is_confirmed_stuck(&d),
+            "in D on a filesystem not known to be stuck: maybe just slow"
+        );
+        assert!(is_confirmed_stuck(&v), "its filesystem does not answer");
         let mut gone = Verdict::unknown("x");
         gone.kind = VerdictKind::NodeUnreachable;
         assert!(!is_conclusive(&gone));

@@ -4,18 +4,21 @@
 //! - [`rollcall`]: from the observations of every node, grouping ranks by position, naming the outliers, and the
 //!   one verdict.
 //! - [`acting`]: when a verdict is strong enough to act on.
+//! - [`fs_stall`]: the fast path for a rank stuck on a filesystem (or stopped) while the job stalls.
 //! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
 
 pub mod acting;
 pub mod detector;
+pub mod fs_stall;
 pub mod position;
 pub mod ranks;
 pub mod rollcall;
 
-pub use acting::{is_conclusive, is_conclusive_for_job, OnHang};
+pub use acting::{is_conclusive, is_conclusive_for_job, is_confirmed_stuck, OnHang};
 pub use detector::{
     Detector, DetectorConfig, ProgressBatch, ProgressSource, StallState, Threshold,
 };
+pub use fs_stall::{fast_path_due, thread_blocked, Blocked, FsStallTracker, RankSample, Stuck};
 pub use position::{classify, Condition, Position};
 pub use ranks::{find_ranks, EnvFact, RankMap, TreeNode};
 pub use rollcall::{decide, mounts_to_probe, roll_call, DecideOptions, RollCallInput};

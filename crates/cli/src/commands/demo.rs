@@ -222,6 +222,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         alert: AlertConfig::default(),
         failed_rank_grace: Duration::from_secs(10),
         coordinator: None,
+        fs_stall: Duration::from_secs(15),
     };
     let started = Instant::now();
     let outcome = supervise(config)?;

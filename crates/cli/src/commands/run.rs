@@ -74,6 +74,11 @@ pub struct Args {
     /// A fixed stall threshold (e.g. 30s, 5m). Default: learned from the job's step intervals.
     #[arg(long, value_parser = parse_nonzero_duration)]
     stall_after: Option<Duration>,
+    /// The fast path: a rank in a filesystem wait (D, or a FUSE/NFS request) or stopped, with its I/O counters
+    /// still this long while the job makes no progress, gets a roll call at once, whatever the learned threshold
+    /// or the warm-up say; the job is ended if the rank's mount does not answer a write probe (0: off).
+    #[arg(long, default_value = "15s", value_name = "DUR", value_parser = parse_duration)]
+    fs_stall: Duration,
     /// What to do about a hang.
     #[arg(long, value_enum, default_value = "abort")]
     action: Action,
@@ -257,6 +262,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .unwrap_or(Duration::from_secs(30))
             .min(Duration::from_secs(30)),
         coordinator: coordination.as_ref().map(|c| c.link.clone()),
+        fs_stall: args.fs_stall,
     };
     let hosted = match coordination.as_ref().and_then(|c| c.host.as_ref()) {
         Some((listen, config)) => Some(crate::commands::coordinator::HostedCoordinator::start(
