@@ -17,7 +17,8 @@ One rank can be told to misbehave (--behaviour), to reproduce the hangs hangwatc
 
 --fs-op OP --fs-dir DIR does one filesystem call in DIR every step, as a checkpoint save would (on a frozen mount
 it blocks there): mkdir (a new checkpoint directory), openat (a new file, relative to a directory fd), rename (two
-names swapped), stat (a lookup of a name that does not exist).
+names swapped), stat (a lookup of a name that does not exist), odirect (a 1 MiB O_DIRECT write: slow, not stuck,
+when the test throttles the device).
 
 --only-rank R applies --log, --behaviour, --fs-op and --pause to rank R only, for launchers that give every rank the same
 arguments (`hangwatch run --nproc N`); --pause STEP:SECONDS sleeps before one step (a checkpoint-like pause).
@@ -166,6 +167,15 @@ class FsOp:
         os.rename(self.a, self.b)
         self.a, self.b = self.b, self.a
 
+    def do_odirect(self, rank, step):
+        import mmap
+        if not hasattr(self, "direct_fd"):
+            self.direct_fd = os.open(os.path.join(self.directory, "direct-r%d.bin" % rank),
+                                     os.O_CREAT | os.O_WRONLY | os.O_DIRECT, 0o644)
+            self.direct_buf = mmap.mmap(-1, 1 << 20)
+            self.direct_buf.write(b"x" * (1 << 20))
+        os.pwrite(self.direct_fd, self.direct_buf, 0)
+
     def do_stat(self, rank, step):
         try:
             os.stat(os.path.join(self.directory, "absent-r%d-%d" % (rank, step)))
@@ -280,7 +290,7 @@ def parse_args():
     p.add_argument("--after", type=int, default=0, help="steps before misbehaving (spin, lock, exit)")
     p.add_argument("--mmap-file", help="file to map (mmap_stall)")
     p.add_argument("--trigger-file", help="start the mmap stall when this file appears (mmap_stall)")
-    p.add_argument("--fs-op", choices=["mkdir", "openat", "rename", "stat"],
+    p.add_argument("--fs-op", choices=["mkdir", "openat", "rename", "stat", "odirect"],
                    help="one filesystem call in --fs-dir every step (see above)")
     p.add_argument("--fs-dir", help="directory for --fs-op")
     p.add_argument("--only-rank", type=int,
