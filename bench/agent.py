@@ -35,10 +35,10 @@ def rss_mb(pid):
     return 0.0
 
 
-def watch_overhead(hw, seconds):
+def watch_overhead(hw, seconds, ranks=8):
     report = tempfile.mkdtemp(prefix="hw-bench-")
     proc = subprocess.Popen(
-        [hw, "run", "--nproc", "8", "--quiet", "--report-dir", report, "--",
+        [hw, "run", "--nproc", str(ranks), "--quiet", "--report-dir", report, "--",
          sys.executable, RANK, "--step-time", "0.05"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -55,7 +55,7 @@ def watch_overhead(hw, seconds):
         proc.send_signal(2)
         proc.wait(timeout=30)
     share = (c1 - c0) / (t1 - t0) * 100
-    print(f"watching 8 ranks for {t1 - t0:.0f} s (each printing a line per 50 ms step, {lines} lines logged):")
+    print(f"watching {ranks} ranks for {t1 - t0:.0f} s (each printing a line per 50 ms step, {lines} lines logged):")
     print(f"  hangwatch CPU {share:.2f} % of one core, peak RSS {peak:.1f} MB")
 
 
@@ -96,22 +96,25 @@ def loop_ext4(size_mb):
 
 
 def incident_latency(hw, threshold):
+    """`threshold` None: the default settings (no --stall-after, default --grace)."""
     with loop_ext4(64) as (work, mnt, freeze, _thaw):
         report = os.path.join(work, "report")
+        flags = [] if threshold is None else ["--stall-after", f"{threshold}s", "--grace", "1s"]
         proc = subprocess.Popen(
-            [hw, "run", "--nproc", "4", "--quiet", "--stall-after", f"{threshold}s", "--grace", "1s",
+            [hw, "run", "--nproc", "4", "--quiet", *flags,
              "--report-dir", report, "--", sys.executable, RANK, "--step-time", "0.1",
              "--log", os.path.join(mnt, "rank0.log"), "--only-rank", "0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(3)
         freeze()
         froze_at = time.time()
-        proc.wait(timeout=threshold * 4 + 60)
+        proc.wait(timeout=(threshold or 60) * 4 + 60)
         exited_at = time.time()
         verdict_at = os.path.getmtime(os.path.join(report, "ranks.json"))
-        print(f"incident, --stall-after {threshold}s: verdict {verdict_at - froze_at:.2f} s after the freeze, "
-              f"exit {proc.returncode} {exited_at - froze_at:.2f} s after it "
-              f"(conclusive evidence acts at the soft tier, {threshold / 2:.1f} s)")
+        how = ("the default settings (the fast path, --fs-stall 15s)" if threshold is None
+               else f"--stall-after {threshold}s (conclusive evidence acts at the soft tier, {threshold / 2:.1f} s)")
+        print(f"incident, {how}: verdict {verdict_at - froze_at:.2f} s after the freeze, "
+              f"exit {proc.returncode} {exited_at - froze_at:.2f} s after it")
 
 
 def frozen_log_latency(hw, lines=100_000, rate=6000):

@@ -18,7 +18,8 @@ One rank can be told to misbehave (--behaviour), to reproduce the hangs hangwatc
 --fs-op OP --fs-dir DIR does one filesystem call in DIR every step, as a checkpoint save would (on a frozen mount
 it blocks there): mkdir (a new checkpoint directory), openat (a new file, relative to a directory fd), rename (two
 names swapped), stat (a lookup of a name that does not exist), odirect (a 1 MiB O_DIRECT write: slow, not stuck,
-when the test throttles the device).
+when the test throttles the device), mmapwrite (a store into a shared file mapping, then msync: on a frozen mount
+the store's page fault waits on the superblock, in no system call and naming no file).
 
 --only-rank R applies --log, --behaviour, --fs-op and --pause to rank R only, for launchers that give every rank the same
 arguments (`hangwatch run --nproc N`); --pause STEP:SECONDS sleeps before one step (a checkpoint-like pause).
@@ -176,6 +177,18 @@ class FsOp:
             self.direct_buf.write(b"x" * (1 << 20))
         os.pwrite(self.direct_fd, self.direct_buf, 0)
 
+    def do_mmapwrite(self, rank, step):
+        import mmap
+        if not hasattr(self, "mapped"):
+            path = os.path.join(self.directory, "mapped-r%d.bin" % rank)
+            with open(path, "wb") as f:
+                f.truncate(16 * mmap.PAGESIZE)
+            self.mapped_fd = os.open(path, os.O_RDWR)
+            self.mapped = mmap.mmap(self.mapped_fd, 16 * mmap.PAGESIZE, mmap.MAP_SHARED)
+        page = step % 16
+        self.mapped[page * mmap.PAGESIZE] = step % 256
+        self.mapped.flush()
+
     def do_stat(self, rank, step):
         try:
             os.stat(os.path.join(self.directory, "absent-r%d-%d" % (rank, step)))
@@ -290,7 +303,7 @@ def parse_args():
     p.add_argument("--after", type=int, default=0, help="steps before misbehaving (spin, lock, exit)")
     p.add_argument("--mmap-file", help="file to map (mmap_stall)")
     p.add_argument("--trigger-file", help="start the mmap stall when this file appears (mmap_stall)")
-    p.add_argument("--fs-op", choices=["mkdir", "openat", "rename", "stat", "odirect"],
+    p.add_argument("--fs-op", choices=["mkdir", "openat", "rename", "stat", "odirect", "mmapwrite"],
                    help="one filesystem call in --fs-dir every step (see above)")
     p.add_argument("--fs-dir", help="directory for --fs-op")
     p.add_argument("--only-rank", type=int,

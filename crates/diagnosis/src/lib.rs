@@ -19,6 +19,8 @@ pub use detector::{
     Detector, DetectorConfig, ProgressBatch, ProgressSource, StallState, Threshold,
 };
 pub use fs_stall::{fast_path_due, thread_blocked, Blocked, FsStallTracker, RankSample, Stuck};
-pub use position::{classify, Condition, Position};
+pub use position::{classify, waits_on_frozen_superblock, Condition, FrozenMount, Position};
 pub use ranks::{find_ranks, EnvFact, RankMap, TreeNode};
-pub use rollcall::{decide, mounts_to_probe, roll_call, DecideOptions, RollCallInput};
+pub use rollcall::{
+    decide, mounts_to_probe, needs_superblock_probe, roll_call, DecideOptions, RollCallInput,
+};

@@ -19,6 +19,13 @@ pub enum Condition {
     Waiting,
 }
 
+/// The mount a superblock wait is on, found by probing (the wait itself names no file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrozenMount {
+    pub mount: String,
+    pub fstype: Option<String>,
+}
+
 /// The place and condition of one rank process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Position {
@@ -36,8 +43,36 @@ pub struct Position {
     pub file: Option<FileRef>,
     /// The call takes a path and it could not be read: why (no file and no mount are named then).
     pub path_unknown: Option<String>,
+    /// In D on a frozen superblock with no file known (see [`waits_on_frozen_superblock`]).
+    pub superblock_wait: bool,
+    /// For such a wait: the one mount of its node that did not answer its probe (set by the decision).
+    pub frozen_mount: Option<FrozenMount>,
     /// The thread waits on a filesystem (D, or a known filesystem wait in S) rather than a socket or a lock.
     pub filesystem_wait: bool,
+}
+
+/// Kernel frames of a writer waiting for a frozen superblock (`fsfreeze`, a snapshot): the wait names no file, so
+/// the mount is found by probing (see [`waits_on_frozen_superblock`]).
+const SUPERBLOCK_WAITS: &[&str] = &[
+    "percpu_rwsem_wait",
+    "__sb_start_write",
+    "sb_start_write",
+    "sb_start_pagefault",
+    "sb_start_intwrite",
+    "mnt_want_write",
+];
+
+/// Whether a thread is in D waiting for a frozen superblock with no file known (a page fault on a shared mapping,
+/// a path that could not be read, `sync`): the mounts it could be waiting on must be probed to name one.
+pub fn waits_on_frozen_superblock(thread: &ThreadObservation) -> bool {
+    let frozen = |frame: &str| SUPERBLOCK_WAITS.iter().any(|w| frame.contains(w));
+    thread.state == 'D'
+        && syscall_file(thread).is_none()
+        && (thread.wchan.as_deref().is_some_and(frozen)
+            || thread
+                .kernel_stack
+                .as_ref()
+                .is_some_and(|stack| stack.iter().any(|f| frozen(f))))
 }
 
 /// Kernel function-name prefixes that mean "waiting for a filesystem or the block layer to answer".
@@ -283,6 +318,8 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
             syscall_name: None,
             file: None,
             path_unknown: None,
+            superblock_wait: false,
+            frozen_mount: None,
             filesystem_wait: false,
         };
     }
@@ -297,6 +334,8 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
             syscall_name: None,
             file: None,
             path_unknown: None,
+            superblock_wait: false,
+            frozen_mount: None,
             filesystem_wait: false,
         };
     };
@@ -327,6 +366,8 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
         syscall_name: syscall_name(thread),
         file: syscall_file(thread).cloned(),
         path_unknown: path_unknown(thread),
+        superblock_wait: waits_on_frozen_superblock(thread),
+        frozen_mount: None,
         filesystem_wait,
     }
 }

@@ -9,7 +9,7 @@ use hangwatch_model::{
     VERDICT_VERSION,
 };
 
-use crate::position::{classify, is_filesystem_file, Condition, Position};
+use crate::position::{classify, is_filesystem_file, Condition, FrozenMount, Position};
 
 /// One node's roll call in the shape older callers and tests build it; [`roll_call`] turns it into a slice of
 /// one [`NodeObservations`] for [`decide`].
@@ -62,6 +62,14 @@ impl RollCallInput {
 }
 
 /// Mount points worth probing: those that a stuck thread of a rank or of a worker is using.
+/// Whether some process waits on a frozen superblock with no file known: its mount can only be found by probing
+/// every writable mount of its node.
+pub fn needs_superblock_probe(processes: &[ProcessObservation], window_ms: u64) -> bool {
+    processes
+        .iter()
+        .any(|p| classify(p, window_ms).superblock_wait)
+}
+
 pub fn mounts_to_probe(processes: &[ProcessObservation], window_ms: u64) -> Vec<String> {
     let mut mounts = BTreeSet::new();
     for process in processes {
@@ -337,6 +345,24 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
     let n_ranks = entries.len();
     let mut all = entries;
     all.extend(workers);
+    // A writer waiting on a frozen superblock names no file: the one mount of its node that did not answer its
+    // probe is the one it waits on (with two or more, none is guessed).
+    for e in all
+        .iter_mut()
+        .filter(|e| e.position.superblock_wait && e.position.file.is_none())
+    {
+        let stuck: Vec<&ProbeResult> = nodes[e.node]
+            .probes
+            .iter()
+            .filter(|p| p.responsive == Some(false) && p.mount.is_some())
+            .collect();
+        if let [only] = stuck.as_slice() {
+            e.position.frozen_mount = only.mount.clone().map(|mount| FrozenMount {
+                mount,
+                fstype: only.fstype.clone(),
+            });
+        }
+    }
     let entries = &all[..n_ranks];
 
     let mut filesystems: Vec<FilesystemStatus> = Vec::new();
@@ -530,6 +556,7 @@ fn killable(entry: &Entry) -> Option<bool> {
 fn place(entry: &Entry, ctx: &Ctx) -> RankPlace {
     let thread = thread_of(entry);
     let file = entry.position.file.as_ref();
+    let frozen = entry.position.frozen_mount.as_ref();
     RankPlace {
         rank: entry
             .process
@@ -544,8 +571,12 @@ fn place(entry: &Entry, ctx: &Ctx) -> RankPlace {
         wchan: thread.and_then(|t| t.wchan.clone()),
         syscall: entry.position.syscall_name.clone(),
         path: file.map(|f| f.path.clone()),
-        mount: file.and_then(|f| f.mount.clone()),
-        fstype: file.and_then(|f| f.fstype.clone()),
+        mount: file
+            .and_then(|f| f.mount.clone())
+            .or_else(|| frozen.map(|m| m.mount.clone())),
+        fstype: file
+            .and_then(|f| f.fstype.clone())
+            .or_else(|| frozen.and_then(|m| m.fstype.clone())),
         not_running_for_ms: thread.and_then(|t| t.not_running_for_ms),
         tracer_pid: entry.process.tracer_pid.filter(|p| *p != 0),
         sigstop_pending: Some(entry.process.sigstop_pending),
@@ -733,6 +764,10 @@ fn summarize(
                     format!(" on {}", f.path),
                     f.mount.as_deref().map(|m| format!("; {}", fs_words(m, ctx.node_name(e), filesystems))).unwrap_or_default(),
                 ),
+                None if p.frozen_mount.is_some() => {
+                    let m = p.frozen_mount.as_ref().map(|m| m.mount.as_str()).unwrap_or_default();
+                    (" waiting on a frozen superblock".to_string(), format!("; {}", fs_words(m, ctx.node_name(e), filesystems)))
+                }
                 // Named as unknown rather than guessed: the working directory is not the path the call was given.
                 None if p.path_unknown.is_some() => (" (the path it was given could not be read)".to_string(), String::new()),
                 None => (String::new(), String::new()),

@@ -169,6 +169,52 @@ fn a_path_that_could_not_be_read_is_said_to_be_unknown_not_guessed() {
     );
 }
 
+/// A store into a shared mapping on a frozen mount: D in a page fault, no call, no file. The one mount of the node
+/// that does not answer its probe is named; with two that do not, none is guessed.
+#[test]
+fn a_wait_on_a_frozen_superblock_is_put_on_the_one_mount_that_does_not_answer() {
+    let mut procs = ranks(3);
+    let mut t = thread(
+        1000,
+        'D',
+        "percpu_rwsem_wait",
+        Some(SyscallObservation::NotInSyscall),
+    );
+    t.kernel_stack = Some(vec![
+        "percpu_rwsem_wait".into(),
+        "ext4_page_mkwrite".into(),
+        "do_page_mkwrite".into(),
+    ]);
+    procs[0].threads[0] = t;
+    assert!(hangwatch_diagnosis::needs_superblock_probe(
+        &procs, WINDOW_MS
+    ));
+    let one = roll_call(&input(
+        procs.clone(),
+        vec![probe("/", "ext4", true), probe("/data", "ext4", false)],
+    ));
+    let c = &one.culprits[0];
+    assert_eq!(c.rank, Some(0), "{one:#?}");
+    assert_eq!(
+        (c.path.as_deref(), c.mount.as_deref()),
+        (None, Some("/data"))
+    );
+    assert!(
+        one.summary
+            .contains("waiting on a frozen superblock; /data (ext4) does not respond"),
+        "{}",
+        one.summary
+    );
+    let two = roll_call(&input(
+        procs,
+        vec![
+            probe("/data", "ext4", false),
+            probe("/scratch", "xfs", false),
+        ],
+    ));
+    assert_eq!(two.culprits[0].mount, None, "{two:#?}");
+}
+
 /// The seed incident: rank 0 in D in write() on a frozen ext4, 15 peers in a barrier.
 #[test]
 fn incident_names_rank_0_in_write_on_the_frozen_mount() {

@@ -57,7 +57,31 @@ impl MountTable {
     }
 }
 
+impl MountTable {
+    /// The mounts a writer could be waiting on when its wait names no file (a frozen superblock): writable
+    /// (`rw` for the mount and the superblock), holding data (no kernel pseudo-filesystems), each mount point
+    /// once (the visible one).
+    pub fn writable_data_mounts(&self) -> Vec<&Mount> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out: Vec<&Mount> = self
+            .mounts
+            .iter()
+            .rev()
+            .filter(|m| seen.insert(m.mount_point.as_str()))
+            .filter(|m| m.is_writable() && !is_pseudo_fstype(&m.fstype))
+            .collect();
+        out.reverse();
+        out
+    }
+}
+
 impl Mount {
+    /// Mounted read-write, on a read-write superblock.
+    pub fn is_writable(&self) -> bool {
+        let rw = |opts: &str| opts.split(',').any(|o| o == "rw");
+        rw(&self.options) && rw(&self.super_options)
+    }
+
     /// Whether the filesystem is shared over the network or served by a user-space daemon (FUSE): it can stop
     /// answering while the node is fine, so hangwatch keeps its evidence, spill files and its own binary off it.
     pub fn is_remote(&self) -> bool {
@@ -89,6 +113,36 @@ pub fn is_remote_fstype(fstype: &str) -> bool {
         || fstype == "fuse"
         || fstype.starts_with("fuse.")
         || fstype == "fuseblk"
+}
+
+/// Kernel pseudo-filesystems and memory-backed ones, which hold no data a job waits on the storage for.
+pub fn is_pseudo_fstype(fstype: &str) -> bool {
+    const PSEUDO: &[&str] = &[
+        "proc",
+        "sysfs",
+        "cgroup",
+        "cgroup2",
+        "devpts",
+        "devtmpfs",
+        "tmpfs",
+        "ramfs",
+        "mqueue",
+        "debugfs",
+        "tracefs",
+        "securityfs",
+        "pstore",
+        "bpf",
+        "configfs",
+        "fusectl",
+        "hugetlbfs",
+        "autofs",
+        "binfmt_misc",
+        "efivarfs",
+        "nsfs",
+        "rpc_pipefs",
+        "selinuxfs",
+    ];
+    PSEUDO.contains(&fstype)
 }
 
 fn is_under(path: &str, mount_point: &str) -> bool {
