@@ -431,7 +431,10 @@ impl LogSink {
         };
         let thread = std::thread::Builder::new()
             .name("hangwatch-logsink".into())
-            .spawn(move || feeder.run())
+            .spawn(move || {
+                crate::yield_to_the_job(Some(rustix::thread::gettid()));
+                feeder.run()
+            })
             .map_err(setup)?;
         Ok(LogSink {
             shared,

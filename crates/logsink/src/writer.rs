@@ -232,6 +232,7 @@ fn segment_end<D: Destination>(
 /// `private`: `dest` is in one of hangwatch's private directories; it is created 0600 and a symlink there is
 /// refused. A log file the user named is opened as they named it (it may be a link to where they want it).
 pub fn writer_main(dest: &Path, private: bool, rotation: Option<Rotation>) -> u8 {
+    crate::yield_to_the_job(None);
     let mut messages = Messages::new(std::io::stdout().lock());
     let file = match LogFile::open(dest, rotation, private).map_err(|e| e.to_string()) {
         Ok(file) => file,
