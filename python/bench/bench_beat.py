@@ -143,6 +143,17 @@ def main() -> None:
         since = scenario(path)
         report("agent reading, tight loop", time_calls(args.calls, overhead), loop_mean(args.calls), since)
 
+        slots = os.path.join(tmp, "beats")
+        with open(slots, "wb") as f:
+            f.truncate(_client.SLOT_BYTES * 8)
+        os.environ[_client.ENV_BEATS] = slots
+        since = scenario(path)
+        report("shared-memory slot (HANGWATCH_BEATS)", time_calls(args.calls, overhead), loop_mean(args.calls), since)
+        since = scenario(path)
+        paced = time_calls(args.paced, overhead, args.pace_ms / 1000.0)
+        report("shared-memory slot, one beat per %g ms" % args.pace_ms, paced, since=since)
+        os.environ.pop(_client.ENV_BEATS, None)
+
         since = scenario(path)
         paced = time_calls(args.paced, overhead, args.pace_ms / 1000.0)
         report("agent reading, one beat per %g ms" % args.pace_ms, paced, since=since)

@@ -99,6 +99,7 @@ def sockdir():
 def fresh_client(monkeypatch):
     """Each test starts as a new process would: no connection, seq from 1, environment read on first use."""
     monkeypatch.delenv(_client.ENV_SOCKET, raising=False)
+    monkeypatch.delenv(_client.ENV_BEATS, raising=False)
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("LOCAL_RANK", "1")
     _client._reset()

@@ -18,6 +18,8 @@ pub struct LaunchSpec {
     pub nproc: Option<u32>,
     /// `HANGWATCH_SOCKET` for the ranks.
     pub socket: Option<std::path::PathBuf>,
+    /// `HANGWATCH_BEATS` for the ranks: the shared-memory beat slots (crate::beats).
+    pub beats: Option<std::path::PathBuf>,
     /// Multi-node placement (torchrun's names); single node: 1 node, rank 0.
     pub nnodes: u32,
     pub node_rank: u32,
@@ -88,6 +90,9 @@ fn base_command(spec: &LaunchSpec) -> Result<Command, LaunchError> {
     crate::sys::die_with_parent(&mut cmd);
     if let Some(socket) = &spec.socket {
         cmd.env("HANGWATCH_SOCKET", socket);
+    }
+    if let Some(beats) = &spec.beats {
+        cmd.env("HANGWATCH_BEATS", beats);
     }
     // Python buffers a pipe's output in 8 KiB blocks: lines would arrive late and in bursts, which hides progress
     // and loses the last lines of a rank that is killed.
@@ -203,6 +208,7 @@ mod tests {
             command: vec!["python3".into()],
             nproc: Some(4),
             socket: None,
+            beats: None,
             nnodes,
             node_rank,
             master_addr: "10.0.0.1".into(),

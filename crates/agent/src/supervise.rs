@@ -252,6 +252,8 @@ struct Supervisor {
     groups: Vec<JobGroup>,
     program: PathBuf,
     link: Option<Link>,
+    beat_slots: Option<crate::beats::BeatSlots>,
+    last_slot_look: Option<Instant>,
     /// Joined to the coordinator now: it decides about hangs, this node reports.
     linked: bool,
     /// This node's observations from the last roll call the coordinator ordered.
@@ -287,6 +289,13 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         })?;
     let mut launch_spec = config.launch.clone();
     launch_spec.socket = Some(socket.path().to_path_buf());
+    // Beats without a system call: a slot per local rank in the same private directory.
+    let beat_slots = crate::beats::BeatSlots::create(&runtime.path().join("beats"))
+        .map_err(
+            |e| tracing::warn!(error = %e, "no shared-memory beat slots: ranks beat by datagram"),
+        )
+        .ok();
+    launch_spec.beats = beat_slots.as_ref().map(|b| b.path().to_path_buf());
     let kernel_log = KernelLog::follow();
     let console = config.console.map(Console::start);
     let tails = Arc::new(Tails::new(200));
@@ -395,6 +404,8 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         groups: Vec::new(),
         program,
         link,
+        beat_slots,
+        last_slot_look: None,
         linked: false,
         ordered_observations: None,
         ordered_verdict: None,
@@ -596,6 +607,7 @@ impl Supervisor {
 
     /// Feeds the progress recorded on the board since the last take to the detector (and to the coordinator).
     fn take_progress(&mut self) {
+        self.take_slot_beats();
         for u in self.board.take_updates() {
             if let (Some(link), Some(rank)) = (&self.link, u.rank) {
                 link.progress(rank, u.step, u.at);
@@ -620,6 +632,44 @@ impl Supervisor {
                 })
             })
             .collect()
+    }
+
+    /// Beats in the shared-memory slots since the last look, from processes of the job only (a slot names its
+    /// writer's pid). The beats of one slot between two looks are spread evenly over the time between them, so
+    /// that the detector learns the same step intervals as from datagram beats.
+    fn take_slot_beats(&mut self) {
+        let Some(slots) = self.beat_slots.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        let since = self.last_slot_look.replace(now).unwrap_or(self.start);
+        for moved in slots.take() {
+            let slot = moved.slot;
+            let Some(member) = self.members.who(slot.pid) else {
+                tracing::debug!(
+                    pid = slot.pid,
+                    "beat slot written by a process outside the job: ignored"
+                );
+                continue;
+            };
+            let rank = slot.rank.or(member.rank);
+            let beats = u32::try_from(moved.beats).unwrap_or(u32::MAX);
+            let each = now.saturating_duration_since(since) / beats.max(1);
+            let first = (since + each).min(now);
+            self.detector.progress_batch(
+                rank,
+                ProgressSource::Heartbeat,
+                hangwatch_diagnosis::ProgressBatch {
+                    first: self.since_start(first),
+                    last: self.since_start(now),
+                    count: moved.beats,
+                    longest_gap: each,
+                },
+            );
+            if let (Some(link), Some(rank)) = (&self.link, rank) {
+                link.progress(rank, slot.step, now);
+            }
+        }
     }
 
     /// What the coordinator link said; the policy's input when it is one.

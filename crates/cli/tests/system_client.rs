@@ -78,6 +78,12 @@ fn beats_teach_the_threshold_and_a_stop_in_beats_is_caught() {
         thresholds["hard_s"], 1.0,
         "10 x 50 ms steps is below the 1 s floor: {thresholds:#}"
     );
+    // The 80 beats went through the shared-memory slots: the only datagrams were the two ranks' hellos.
+    let run: Value =
+        serde_json::from_str(&std::fs::read_to_string(report.path().join("run.json")).unwrap())
+            .unwrap();
+    let datagrams = run["heartbeats"]["received"].as_u64().unwrap_or(u64::MAX);
+    assert!(datagrams <= 4, "beats sent as datagrams: {run:#}");
 }
 
 #[test]

@@ -42,7 +42,9 @@ pub const NICE: i32 = 10;
 /// [`NICE`]. Best effort: a failure only costs latency.
 pub fn yield_to_the_job(thread: Option<rustix::thread::Pid>) {
     let current = rustix::process::getpriority_process(thread).unwrap_or(0);
-    if let Err(e) = rustix::process::setpriority_process(thread, current.saturating_add(NICE).min(19)) {
+    if let Err(e) =
+        rustix::process::setpriority_process(thread, current.saturating_add(NICE).min(19))
+    {
         tracing::debug!(error = %e, "cannot lower the log writer's priority");
     }
 }

@@ -1,6 +1,9 @@
 """The process's link to the hangwatch agent: socket, framing (protocol hw1), seq numbers, drop counts, fork reset.
 
-Beats are lossy: one non-blocking send, dropped and counted when the agent cannot take them. Hello, phase and log
+Beats go into this rank's slot of a shared-memory file the agent made (`HANGWATCH_BEATS`): one store, no system
+call; the agent reads the slots at its tick. Without the file (or in a forked child, which must not write its
+parent's slot) beats are lossy datagrams: one non-blocking send, dropped and counted when the agent cannot take
+them. Hello, phase and log
 messages are kept in order: sent directly when the socket takes them, otherwise held in a bounded in-memory queue
 that a daemon thread drains. Nothing here blocks or raises into the caller.
 """
@@ -9,9 +12,11 @@ from __future__ import annotations
 
 import errno
 import itertools
+import mmap
 import os
 import select
 import socket
+import struct
 import sys
 import threading
 import time
@@ -21,6 +26,9 @@ from typing import Any, Deque, Dict, Optional
 from hangwatch._version import __version__
 
 ENV_SOCKET = "HANGWATCH_SOCKET"
+ENV_BEATS = "HANGWATCH_BEATS"
+SLOT_BYTES = 64
+"""A slot: count u64, step i64 (-1: none), pid u64, rank + 1 u64 (little-endian); see crates/agent/src/beats.rs."""
 PROTOCOL = b"hw1"
 MAX_MESSAGE_BYTES = 65_000
 """No datagram is longer; longer log records are cut and marked (see wire-protocol.md)."""
@@ -56,6 +64,13 @@ _PEER_GONE = frozenset(
 
 # Hot-path state lives in module globals: a global load is the cheapest lookup CPython offers.
 _send: Any = None
+_slot: Any = None
+"""This rank's 16 bytes (count, step) of the beat slots, when mapped."""
+_slot_map: Any = None
+_slot_count = 0
+_slot_pack = struct.Struct("<Qq").pack_into
+_slot_forked = False
+"""Set in a forked child: it never maps the slots (it would beat in its parent's slot)."""
 _beat_prefix = b""
 _beat_format = b""
 _beat_no_step = b""
@@ -76,6 +91,15 @@ _warned: set = set()
 
 def beat(step: Optional[int] = None) -> None:
     """One unit of progress; `step` is the training step if the caller knows it."""
+    slot = _slot
+    if slot is not None:
+        global _slot_count
+        _slot_count += 1
+        try:
+            _slot_pack(slot, 0, _slot_count, -1 if step is None else step)
+        except Exception:
+            _slot_odd_step(slot, step)
+        return
     send = _send
     if send is None:
         if _mode != _DISABLED:
@@ -95,10 +119,26 @@ def beat(step: Optional[int] = None) -> None:
         _beat_odd_step(send, seq, step)
 
 
+def _slot_odd_step(slot: Any, step: Any) -> None:
+    """A step that does not pack as a 64-bit integer (a string, an object, a huge number): its integer value if
+    it has one that fits, else none."""
+    try:
+        value = int(step)
+        if not -(1 << 63) <= value < (1 << 63):
+            value = -1
+    except Exception:
+        value = -1
+    try:
+        _slot_pack(slot, 0, _slot_count, value)
+    except Exception:
+        pass
+
+
 def _beat_cold(step: Any) -> None:
     """Beat while not connected: first call of the process, no agent configured, or agent unreachable."""
     try:
-        if _connect_if_due():
+        connected = _connect_if_due()
+        if connected or _slot is not None:
             beat(step)
         elif _mode != _DISABLED:
             _next_seq()
@@ -170,6 +210,7 @@ def stats() -> Dict[str, Any]:
         "dropped": dropped,
         "queued": queued,
         "dropped_by_type": by_type,
+        "beats_in_slot": _slot_count,
     }
 
 
@@ -222,6 +263,33 @@ def _init_from_env() -> None:
         _header_tail = b" " + rank + b" " + pid + b" "
         _retry_at = 0.0
         _mode = _DOWN
+        _map_slot()
+
+
+def _map_slot() -> None:
+    """Maps this rank's beat slot (slot LOCAL_RANK, else RANK, else 0) and writes its pid and rank there. Any
+    problem leaves beats on datagrams, said once."""
+    global _slot, _slot_map
+    path = os.environ.get(ENV_BEATS, "")
+    if not path or _slot_forked:
+        return
+    try:
+        index = int(os.environ.get("LOCAL_RANK") or os.environ.get("RANK") or 0)
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            size = os.fstat(fd).st_size
+            if index < 0 or (index + 1) * SLOT_BYTES > size:
+                raise ValueError("slot %d is beyond the %d slots of %s" % (index, size // SLOT_BYTES, path))
+            mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        view = memoryview(mapped)[index * SLOT_BYTES : index * SLOT_BYTES + 32]
+        rank = (os.environ.get("RANK") or "").strip()
+        struct.pack_into("<QQ", view, 16, os.getpid(), int(rank) + 1 if rank.isdigit() else 0)
+        _slot_map = mapped
+        _slot = view[:16]
+    except (OSError, ValueError) as exc:
+        _warn_once("slot", "cannot use the beat slots at %s (%s); beats go by datagram" % (path, exc))
 
 
 def _field(value: Optional[str]) -> bytes:
@@ -482,8 +550,15 @@ def _reset(forked: bool = False) -> None:
     global _send, _beat_prefix, _beat_format, _beat_no_step, _seq_counter, _next_seq, _mode, _path, _sock
     global _header_tail, _local_rank
     global _retry_at, _conn_lock, _stats_lock, _dropped, _warned, _outbox
+    global _slot, _slot_map, _slot_count, _slot_forked
     old_sock, old_outbox = _sock, _outbox
     _send = None
+    # The mapping stays with the parent's pages; a child only forgets it (never unmaps what the parent uses).
+    _slot = None
+    _slot_map = None
+    _slot_count = 0
+    if forked:
+        _slot_forked = True
     _conn_lock = threading.Lock()
     _stats_lock = threading.Lock()
     _outbox = _Outbox()

@@ -198,6 +198,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ],
             nproc: Some(args.nproc),
             socket: None,
+            beats: None,
             nnodes: 1,
             node_rank: 0,
             master_addr: "127.0.0.1".into(),

@@ -225,6 +225,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             command: args.command.clone(),
             nproc: args.nproc,
             socket: None,
+            beats: None,
             nnodes,
             node_rank,
             master_addr,
