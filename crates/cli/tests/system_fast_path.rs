@@ -108,6 +108,26 @@ fn a_rank_frozen_in_the_checkpoint_mkdir_inside_a_first_seen_phase_is_ended_with
     assert_eq!(c["mount"], &*fs.path().to_string_lossy());
 }
 
+#[test]
+fn a_stopped_rank_at_the_default_settings_is_ended_within_seconds() {
+    let py = require!(python());
+    let mut run = HangwatchRun::start(&["--nproc", "2"], &rank_job(py, &["--step-time", "0.1"]));
+    let pids = run.wait_for_ranks(2, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(1));
+    let stopped_at = Instant::now();
+    hangwatch_testkit::send(pids[&1], nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP rank 1");
+    let done = run.finish(Duration::from_secs(90));
+    let took = stopped_at.elapsed();
+    eprintln!(
+        "defaults: SIGSTOP -> hangwatch exit {:.1}s",
+        took.as_secs_f64()
+    );
+    done.assert_code(75);
+    assert!(took < FAST, "took {took:?}: {}", done.describe());
+    assert_eq!(done.json["kind"], "stopped", "{}", done.describe());
+    assert_eq!(done.culprit(1)["state"], "T");
+}
+
 /// A blkio (cgroup v1) group that throttles writes to one device; removed on drop (after its processes are
 /// gone: the test's run is dropped first).
 struct Throttle {

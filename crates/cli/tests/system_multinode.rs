@@ -304,6 +304,49 @@ fn the_incident_across_three_nodes_every_node_names_rank_0_on_n1_in_write_and_ex
 }
 
 #[test]
+fn at_the_default_settings_the_coordinator_ends_the_incident_across_three_nodes_within_seconds() {
+    let py = require!(python());
+    let net = require!(network());
+    let fs = require!(LoopExt4::new(64));
+    let cluster = Cluster::new(net);
+    let (log, log_s, job) = incident_job(py, &fs);
+    let coordinator = cluster.start_coordinator();
+    // No --stall-after: the node holding rank 0 reports its fast path, and the coordinator confirms it.
+    let mut agents = cluster.start_agents(&[], &job);
+    wait_joined(&agents, "joined");
+    wait_steps(&log, 3, &agents);
+    for a in agents.iter_mut() {
+        a.track_descendants();
+    }
+    let frozen = require!(fs.freeze());
+    let frozen_at = Instant::now();
+    let done: Vec<_> = agents
+        .iter_mut()
+        .map(|a| a.finish(Duration::from_secs(90)))
+        .collect();
+    let took = frozen_at.elapsed();
+    eprintln!(
+        "defaults, 3 nodes: freeze -> last agent exit {:.1}s",
+        took.as_secs_f64()
+    );
+    drop(frozen);
+    for (i, d) in done.iter().enumerate() {
+        d.assert_code(75);
+        let c = d.culprit(0);
+        assert_eq!(c["node"], "n1", "{}: {}", NODES[i], d.describe());
+        assert_eq!(c["path"], log_s.as_str());
+    }
+    assert!(took < Duration::from_secs(45), "took {took:?}");
+    assert!(
+        coordinator
+            .text()
+            .contains("a rank stuck on its filesystem"),
+        "{}",
+        coordinator.text()
+    );
+}
+
+#[test]
 fn a_killed_agent_is_named_unreachable_within_seconds_and_its_stalled_peers_end_with_node_unreachable(
 ) {
     let py = require!(python());
