@@ -623,6 +623,7 @@ impl Supervisor {
             .iter_mut()
             .filter_map(|p| {
                 let rank = p.rank?;
+                // Collects an exit not seen yet, so that its status is in the goodbye.
                 p.has_exited();
                 Some(hangwatch_rpc::pb::RankExit {
                     rank,
@@ -753,13 +754,12 @@ impl Supervisor {
             self.sample_activity();
             self.sample_blocked();
         }
-        let stall = match self.detector.check(now) {
+        let mut stall = match self.detector.check(now) {
             StallState::Healthy => Stall::Healthy,
             StallState::Soft { .. } => Stall::Soft,
             StallState::Hard { .. } => Stall::Hard,
         };
         let mut failed_rank_for = self.failed_rank_waiting();
-        let mut stall = stall;
         let mut fs_stuck = fast_path_due(
             self.fs_stall.longest(now),
             self.detector.stalled_for(now),

@@ -168,13 +168,16 @@ pub fn create_run_dir(kind: &str) -> Result<(PrivateDir, PrivateDir), String> {
 }
 
 /// The report directory of a command that keeps evidence: `given` made private, or a new `<kind>-<time>-<pid>`
-/// under the per-user root. The error says what was refused and why.
+/// under the per-user root; locked as in use while it is held (a run pruning the same root leaves it alone). The
+/// error says what was refused and why.
 pub fn open_report_dir(given: Option<&Path>, kind: &str) -> Result<PrivateDir, String> {
-    match given {
-        Some(dir) => PrivateDir::open_or_create(dir)
-            .map_err(|e| format!("cannot use the report directory: {}", error_chain(&e))),
-        None => create_run_dir(kind).map(|(_, run)| run),
-    }
+    let refused = |e: SafeFsError| format!("cannot use the report directory: {}", error_chain(&e));
+    let dir = match given {
+        Some(dir) => PrivateDir::open_or_create(dir).map_err(refused)?,
+        None => create_run_dir(kind).map(|(_, run)| run)?,
+    };
+    dir.lock_in_use().map_err(refused)?;
+    Ok(dir)
 }
 
 /// Removes the oldest run directories under `root` so that `keep` remain; a run still going on (its directory

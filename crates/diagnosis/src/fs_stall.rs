@@ -9,19 +9,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// Kernel waits in S that mean "waiting for a network or FUSE filesystem to answer a request". (In D, any wait
-/// counts: D is the kernel's "do not disturb, I/O in progress".)
-const REQUEST_WAITS: &[&str] = &[
-    "request_wait_answer",
-    "fuse_",
-    "rpc_wait_bit_killable",
-    "nfs_",
-    "nfs4_",
-    "ptlrpc_",
-    "ll_",
-    "cl_sync_io_wait",
-];
-
 /// How one rank is blocked, from the cheapest reads: its threads' states and wait channels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Blocked {
@@ -31,12 +18,14 @@ pub enum Blocked {
     Stopped,
 }
 
-/// How one thread is blocked, if it is: `state` from its stat, `wchan` its wait channel.
+/// How one thread is blocked, if it is: `state` from its stat, `wchan` its wait channel. In D any wait counts
+/// (D is the kernel's "do not disturb, I/O in progress"); in S, the filesystem waits the roll call knows (a FUSE or
+/// NFS request, ...).
 pub fn thread_blocked(state: char, wchan: Option<&str>) -> Option<Blocked> {
     match state {
         'D' => Some(Blocked::FilesystemWait),
         'T' | 't' => Some(Blocked::Stopped),
-        'S' if wchan.is_some_and(|w| REQUEST_WAITS.iter().any(|p| w.starts_with(p))) => {
+        'S' if wchan.is_some_and(crate::position::is_filesystem_function) => {
             Some(Blocked::FilesystemWait)
         }
         _ => None,
@@ -88,7 +77,6 @@ impl FsStallTracker {
     pub fn observe(&mut self, samples: &[RankSample], now: Duration) {
         let mut next = HashMap::with_capacity(samples.len());
         for s in samples {
-            self.ranks.insert(s.pid, s.rank);
             let Some(blocked) = s.blocked else { continue };
             let kept = self
                 .since
@@ -105,8 +93,7 @@ impl FsStallTracker {
             );
         }
         self.since = next;
-        self.ranks
-            .retain(|pid, _| samples.iter().any(|s| s.pid == *pid));
+        self.ranks = samples.iter().map(|s| (s.pid, s.rank)).collect();
     }
 
     /// The rank blocked (I/O unchanged) the longest at `now`, if any is.

@@ -22,5 +22,5 @@ pub use fs_stall::{fast_path_due, thread_blocked, Blocked, FsStallTracker, RankS
 pub use position::{classify, waits_on_frozen_superblock, Condition, FrozenMount, Position};
 pub use ranks::{find_ranks, EnvFact, RankMap, TreeNode};
 pub use rollcall::{
-    decide, mounts_to_probe, needs_superblock_probe, roll_call, DecideOptions, RollCallInput,
+    decide, mounts_to_probe, roll_call, superblock_waiter, DecideOptions, RollCallInput,
 };

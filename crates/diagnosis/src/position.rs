@@ -106,7 +106,7 @@ const FILESYSTEM_WAITS: &[&str] = &[
 
 /// A kernel function (wchan or stack frame) of a filesystem wait: by name prefix, or by a filesystem module tag
 /// (`[mmfs26]`, `[lustre]`, `[nfs]`, `[fuse]`).
-fn is_filesystem_function(name: &str) -> bool {
+pub(crate) fn is_filesystem_function(name: &str) -> bool {
     const MODULES: &[&str] = &[
         "[mmfs", "[lustre]", "[ptlrpc]", "[nfs]", "[nfsv4]", "[sunrpc]", "[fuse]", "[ceph]",
     ];

@@ -62,12 +62,13 @@ impl RollCallInput {
 }
 
 /// Mount points worth probing: those that a stuck thread of a rank or of a worker is using.
-/// Whether some process waits on a frozen superblock with no file known: its mount can only be found by probing
-/// every writable mount of its node.
-pub fn needs_superblock_probe(processes: &[ProcessObservation], window_ms: u64) -> bool {
+/// A process that waits on a frozen superblock with no file known, if any: its mount can only be found by probing
+/// every writable mount it sees.
+pub fn superblock_waiter(processes: &[ProcessObservation], window_ms: u64) -> Option<i32> {
     processes
         .iter()
-        .any(|p| classify(p, window_ms).superblock_wait)
+        .find(|p| classify(p, window_ms).superblock_wait)
+        .map(|p| p.pid)
 }
 
 pub fn mounts_to_probe(processes: &[ProcessObservation], window_ms: u64) -> Vec<String> {

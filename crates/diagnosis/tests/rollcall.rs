@@ -186,9 +186,7 @@ fn a_wait_on_a_frozen_superblock_is_put_on_the_one_mount_that_does_not_answer() 
         "do_page_mkwrite".into(),
     ]);
     procs[0].threads[0] = t;
-    assert!(hangwatch_diagnosis::needs_superblock_probe(
-        &procs, WINDOW_MS
-    ));
+    assert!(hangwatch_diagnosis::superblock_waiter(&procs, WINDOW_MS).is_some());
     let one = roll_call(&input(
         procs.clone(),
         vec![probe("/", "ext4", true), probe("/data", "ext4", false)],

@@ -13,7 +13,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use hangwatch_diagnosis::{mounts_to_probe, needs_superblock_probe};
+use hangwatch_diagnosis::{mounts_to_probe, superblock_waiter};
 use hangwatch_model::{
     NodeObservations, ProbeResult, ProcId, ProcessObservation, SyscallObservation, WorkerOf,
     NODE_OBSERVATIONS_VERSION,
@@ -238,12 +238,8 @@ pub fn take_roll_call(
     let mut mounts = mounts_to_probe(&observations, window_ms);
     // A writer waiting on a frozen superblock names no file: every writable mount it can see is probed (each in
     // its own child, under the probe deadline), and the decision names the one that does not answer.
-    if needs_superblock_probe(&observations, window_ms) {
-        let waiting = observations
-            .iter()
-            .find(|o| needs_superblock_probe(std::slice::from_ref(*o), window_ms))
-            .map(|o| o.pid);
-        if let Some(table) = waiting.and_then(|pid| procfs.mountinfo(pid).ok()) {
+    if let Some(pid) = superblock_waiter(&observations, window_ms) {
+        if let Ok(table) = procfs.mountinfo(pid) {
             for m in table.writable_data_mounts() {
                 if !mounts.contains(&m.mount_point) {
                     mounts.push(m.mount_point.clone());

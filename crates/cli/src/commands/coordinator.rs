@@ -79,15 +79,9 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<JobToken> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let token = read_token_file(&args.token_file)?;
-    // Held open (and locked) while the coordinator runs: a run pruning the same root leaves it alone.
+    // Held open (and locked) while the coordinator runs.
     let report =
         crate::dirs::open_report_dir(args.report_dir.as_deref(), "coordinator").map_err(usage)?;
-    report.lock_in_use().map_err(|e| {
-        usage(format!(
-            "cannot use the report directory: {}",
-            crate::dirs::error_chain(&e)
-        ))
-    })?;
     let report_dir = report.path().to_path_buf();
     let mut config = Config::new(token);
     config.job_id = args.job_id;
@@ -114,37 +108,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("cannot watch SIGTERM")?;
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let coordinator = Coordinator::new(config);
-        let server = tokio::spawn(coordinator.clone().serve(listener, async move {
-            let _ = stop_rx.await;
-        }));
-        let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let printer = tokio::spawn(print_events(
-            events_rx,
-            "hangwatch coordinator",
-            Some(report_dir.clone()),
-        ));
+        let serving = Serving::start(Coordinator::new(config), listener, Some(report_dir.clone()));
         let ending = tokio::select! {
-            ending = coordinator.supervise(options, events_tx) => Some(ending),
+            ending = serving.coordinator.supervise(options, serving.events.clone()) => Some(ending),
             _ = tokio::signal::ctrl_c() => None,
             _ = term.recv() => None,
         };
         if ending.is_none() {
             tracing::info!("coordinator stopping on a signal");
         }
-        let _ = stop_tx.send(());
-        match tokio::time::timeout(Duration::from_secs(3), server).await {
-            Ok(Ok(Err(e))) => {
-                say(format!(
-                    "hangwatch coordinator: error: {}",
-                    hangwatch_model::error_chain(&e)
-                ));
-            }
-            Ok(_) => {}
-            Err(_) => tracing::warn!("the gRPC server did not stop within 3s"),
-        }
-        let _ = printer.await;
+        serving.stop().await;
         say(match &ending {
             Some(_) => "hangwatch coordinator: every node has left; stopped",
             None => "hangwatch coordinator: stopped",
@@ -282,9 +255,10 @@ pub fn describe(event: &JobEvent) -> String {
 
 /// A coordinator hosted by an agent (`run --host-coordinator` on node rank 0), on its own threads.
 pub struct HostedCoordinator {
-    coordinator: Coordinator,
+    serving: Serving,
+    /// The job's policy, running until this node's agent is done.
+    policy: tokio::task::JoinHandle<JobEnding>,
     runtime: tokio::runtime::Runtime,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl HostedCoordinator {
@@ -302,59 +276,42 @@ impl HostedCoordinator {
         std_listener
             .set_nonblocking(true)
             .context("cannot set up the coordinator's socket")?;
-        let coordinator = Coordinator::new(config);
-        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        {
+        let serving = {
             let _guard = runtime.enter();
             let listener = tokio::net::TcpListener::from_std(std_listener)
                 .context("cannot set up the coordinator's socket")?;
-            let server = coordinator.clone();
-            runtime.spawn(async move {
-                if let Err(e) = server
-                    .serve(listener, async move {
-                        let _ = stop_rx.await;
-                    })
-                    .await
-                {
-                    say(format!(
-                        "hangwatch coordinator: error: {}",
-                        hangwatch_model::error_chain(&e)
-                    ));
-                }
-            });
-            let (events_tx, events_rx) = mpsc::unbounded_channel();
-            // The hosting agent's evidence holds the job's verdict already.
-            runtime.spawn(print_events(events_rx, "hangwatch coordinator", None));
-            let supervisor = coordinator.clone();
-            runtime.spawn(async move {
-                supervisor
-                    .supervise(
-                        SuperviseOptions {
-                            on_hang,
-                            ..SuperviseOptions::default()
-                        },
-                        events_tx,
-                    )
-                    .await
-            });
-        }
+            // The hosting agent's evidence holds the job's verdict already: none is kept apart.
+            Serving::start(Coordinator::new(config), listener, None)
+        };
+        let (coordinator, events) = (serving.coordinator.clone(), serving.events.clone());
+        let policy = runtime.spawn(async move {
+            coordinator
+                .supervise(
+                    SuperviseOptions {
+                        on_hang,
+                        ..SuperviseOptions::default()
+                    },
+                    events,
+                )
+                .await
+        });
         say(format!(
             "hangwatch coordinator: hosted by this agent, listening on {listen}"
         ));
         Ok(Self {
-            coordinator,
+            serving,
+            policy,
             runtime,
-            stop: Some(stop),
         })
     }
 
     /// This node's job is over: keep serving (at most `wait`) until every other node has left or gone silent, so
     /// that the last orders reach them, then stop.
-    pub fn finish(mut self, wait: Duration) {
+    pub fn finish(self, wait: Duration) {
         let until = Instant::now() + wait;
         while Instant::now() < until {
-            let view = self.coordinator.view();
-            let members = self.coordinator.members();
+            let view = self.serving.coordinator.view();
+            let members = self.serving.coordinator.members();
             let settled = view.all_left
                 || members
                     .iter()
@@ -364,9 +321,68 @@ impl HostedCoordinator {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+        self.policy.abort();
+        let runtime = self.runtime;
+        runtime.block_on(self.serving.stop());
+        runtime.shutdown_timeout(Duration::from_secs(1));
+    }
+}
+
+/// A coordinator serving agents on its listener, its events said (and each verdict kept in `keep`, when given),
+/// until [`Serving::stop`]; the caller runs its policy (`supervise`) with `events`.
+struct Serving {
+    coordinator: Coordinator,
+    events: mpsc::UnboundedSender<JobEvent>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), hangwatch_coordinator::ServeError>>,
+    printer: tokio::task::JoinHandle<()>,
+}
+
+impl Serving {
+    /// Starts serving on the current tokio runtime.
+    fn start(
+        coordinator: Coordinator,
+        listener: tokio::net::TcpListener,
+        keep: Option<PathBuf>,
+    ) -> Self {
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(coordinator.clone().serve(listener, async move {
+            let _ = stop_rx.await;
+        }));
+        let (events, events_rx) = mpsc::unbounded_channel();
+        let printer = tokio::spawn(print_events(events_rx, "hangwatch coordinator", keep));
+        Self {
+            coordinator,
+            events,
+            stop,
+            server,
+            printer,
         }
-        self.runtime.shutdown_timeout(Duration::from_secs(1));
+    }
+
+    /// Stops serving (the server has 3 s to let the agents' streams go) and says what the events still had to say.
+    async fn stop(self) {
+        let Self {
+            events,
+            stop,
+            server,
+            printer,
+            ..
+        } = self;
+        let _ = stop.send(());
+        match tokio::time::timeout(Duration::from_secs(3), server).await {
+            Ok(Ok(Err(e))) => {
+                say(format!(
+                    "hangwatch coordinator: error: {}",
+                    hangwatch_model::error_chain(&e)
+                ));
+            }
+            Ok(_) => {}
+            Err(_) => tracing::warn!("the gRPC server did not stop within 3s"),
+        }
+        // The printer ends once every sender is gone (the policy's too, once it has returned or been aborted),
+        // after keeping the last verdict (the writer's own deadline is 5 s).
+        drop(events);
+        let _ = tokio::time::timeout(Duration::from_secs(6), printer).await;
     }
 }
