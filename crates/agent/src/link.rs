@@ -299,12 +299,28 @@ impl LinkWorker {
         if let Some(first) = self.report(session_id, true) {
             let _ = out_tx.try_send(first);
         }
-        let mut inbound = match client.attach(ReceiverStream::new(out_rx)).await {
-            Ok(r) => r.into_inner(),
-            Err(status) => {
+        // The stream lives as long as the session, but opening it is bounded like any call: a coordinator that
+        // accepted the connection and then stopped must not hold the link forever.
+        let attached = tokio::time::timeout(
+            REGISTER_DEADLINE,
+            client.attach(ReceiverStream::new(out_rx)),
+        )
+        .await;
+        let mut inbound = match attached {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(status)) => {
                 return SessionEnd::NotJoined {
                     why: format!("attach refused: {} ({:?})", status.message(), status.code()),
                     refused: Refusal::from_status(&status).is_some(),
+                }
+            }
+            Err(_) => {
+                return SessionEnd::NotJoined {
+                    why: format!(
+                        "the coordinator did not open the session within {:.0}s",
+                        REGISTER_DEADLINE.as_secs_f64()
+                    ),
+                    refused: false,
                 }
             }
         };
