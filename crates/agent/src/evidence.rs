@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use hangwatch_diagnosis::{DetectorConfig, ProgressSource, Threshold};
 pub use hangwatch_model::error_chain;
-use hangwatch_model::{ProbeResult, ProcessObservation, Verdict};
+use hangwatch_model::{NodeObservations, ProbeResult, ProcessObservation, Verdict};
 use hangwatch_safefs::{PrivateDir, SafeFsError};
 use serde::Serialize;
 
@@ -111,6 +111,28 @@ pub struct RunRecord {
     pub console_lines_dropped: Option<u64>,
     /// hangwatch's own messages to stderr dropped because nobody read them.
     pub messages_dropped: u64,
+    /// How the roll call behind this verdict went.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollcall: Option<RollCallRecord>,
+}
+
+/// The roll call's own numbers: how long it took (probes included), its sampling window, what it saw.
+#[derive(Debug, Clone, Serialize)]
+pub struct RollCallRecord {
+    pub took_ms: u64,
+    pub window_ms: u64,
+    pub processes: usize,
+}
+
+impl RollCallRecord {
+    /// The numbers of the roll call that produced `observations` (none when it did not say how long it took).
+    pub fn of(observations: &NodeObservations) -> Option<Self> {
+        Some(Self {
+            took_ms: observations.took_ms?,
+            window_ms: observations.window_ms,
+            processes: observations.processes().count(),
+        })
+    }
 }
 
 /// A process hangwatch started or found, with its rank.

@@ -14,6 +14,7 @@ use hangwatch_diagnosis::{
     decide, fast_path_due, thread_blocked, Blocked, DecideOptions, Detector, DetectorConfig,
     FsStallTracker, ProgressSource, RankSample, StallState, Threshold,
 };
+use hangwatch_inspect::prepared::PreparedStacks;
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
 use hangwatch_inspect::ranks::{Discovery, RankFinder};
@@ -42,6 +43,10 @@ pub const EXIT_HUNG: i32 = 75;
 
 /// How long the evidence writer may take before it is abandoned (a report directory on a frozen filesystem).
 const EVIDENCE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A new set of ranks is given to the stack readers once it has been the same for this long: the interpreters
+/// are up by then.
+const PREPARE_STACKS_AFTER: Duration = Duration::from_secs(3);
 
 /// Everything the loop needs.
 pub struct RunConfig {
@@ -251,6 +256,10 @@ struct Supervisor {
     reaper: Option<Reaper>,
     groups: Vec<JobGroup>,
     program: PathBuf,
+    /// Stack readers kept ready, the rank pids they were last given, and a new set of pids not yet settled.
+    stack_readers: Option<PreparedStacks>,
+    stack_pids: Vec<i32>,
+    stack_candidate: Option<(Vec<i32>, Instant)>,
     link: Option<Link>,
     beat_slots: Option<crate::beats::BeatSlots>,
     last_slot_look: Option<Instant>,
@@ -307,6 +316,15 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
             tracing::warn!(error = %e, "cannot start the job reaper: if hangwatch is killed, processes of the job below its ranks may outlive it")
         })
         .ok();
+    // Stack readers prepared while the job is healthy, so that a roll call reads only the stacks.
+    let stack_readers = PreparedStacks::start(
+        program.clone(),
+        hangwatch_inspect::pystack::default_parallelism(),
+    )
+    .map_err(
+        |e| tracing::warn!(error = %e, "no prepared stack readers: roll calls read stacks cold"),
+    )
+    .ok();
     let start = Instant::now();
     let launched = launch(&launch_spec)?;
     for l in &launched {
@@ -403,6 +421,9 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         reaper,
         groups: Vec::new(),
         program,
+        stack_readers,
+        stack_pids: Vec::new(),
+        stack_candidate: None,
         link,
         beat_slots,
         last_slot_look: None,
@@ -753,6 +774,7 @@ impl Supervisor {
             self.reap_probes();
             self.sample_activity();
             self.sample_blocked();
+            self.prepare_stack_readers();
         }
         let mut stall = match self.detector.check(now) {
             StallState::Healthy => Stall::Healthy,
@@ -962,6 +984,41 @@ impl Supervisor {
             pids = self.procs.iter().map(|p| (p.pid, p.rank)).collect();
         }
         pids
+    }
+
+    /// Gives the stack readers the live ranks once the set has been the same for [`PREPARE_STACKS_AFTER`] (an
+    /// interpreter just started has no stack to find yet).
+    fn prepare_stack_readers(&mut self) {
+        if self.stack_readers.is_none() {
+            return;
+        }
+        let mut pids: Vec<i32> = self
+            .rank_pids()
+            .into_iter()
+            .map(|(pid, _)| pid)
+            .filter(|pid| {
+                self.procs
+                    .iter()
+                    .any(|p| p.pid == *pid && p.exit.is_none() && p.exited_at.is_none())
+            })
+            .collect();
+        pids.sort_unstable();
+        if pids == self.stack_pids {
+            self.stack_candidate = None;
+            return;
+        }
+        match &self.stack_candidate {
+            Some((candidate, since)) if *candidate == pids => {
+                if since.elapsed() >= PREPARE_STACKS_AFTER {
+                    if let Some(readers) = &self.stack_readers {
+                        readers.prepare(&pids);
+                    }
+                    self.stack_pids = pids;
+                    self.stack_candidate = None;
+                }
+            }
+            _ => self.stack_candidate = Some((pids, Instant::now())),
+        }
     }
 
     /// Starts a look for ranks below the launcher, about once a second, in a worker: reading environments runs
@@ -1176,6 +1233,7 @@ impl Supervisor {
             heartbeats: self.heartbeats.counts(),
             console_lines_dropped: self.console.as_ref().map(Console::dropped),
             messages_dropped: crate::human::dropped(crate::human::Stream::Stderr),
+            rollcall: None,
         }
     }
 
@@ -1301,6 +1359,7 @@ impl Supervisor {
             window: self.config.window,
             read_stacks: true,
             stacks,
+            prepared: self.stack_readers.clone(),
             node: self.config.node.clone(),
         };
         InvestigationJob {
@@ -1548,6 +1607,11 @@ impl InvestigationJob {
                 .filter_map(Result::ok)
                 .collect()
         });
+        tracing::debug!(
+            took_ms = rollcall.elapsed.as_millis() as u64,
+            stacks_prepared = rollcall.stacks_prepared,
+            "roll call done"
+        );
         let mut observations = rollcall.observations;
         if self.kernel_log_unavailable.is_none() {
             observations.kernel_log = Some(hangwatch_kmsg::report_from_text(&self.kernel_log));
@@ -1556,7 +1620,13 @@ impl InvestigationJob {
     }
 
     /// Writes the evidence of `verdict` with this node's `observations` (abandonable), and alerts when asked.
-    fn keep(self, verdict: Verdict, observations: &NodeObservations, alert: bool) -> Investigation {
+    fn keep(
+        mut self,
+        verdict: Verdict,
+        observations: &NodeObservations,
+        alert: bool,
+    ) -> Investigation {
+        self.run.rollcall = crate::evidence::RollCallRecord::of(observations);
         let processes: Vec<ProcessObservation> = observations.processes().cloned().collect();
         let evidence = Evidence {
             verdict: &verdict,

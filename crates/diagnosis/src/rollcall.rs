@@ -52,6 +52,7 @@ impl RollCallInput {
             node: self.node.clone(),
             observed_at_unix_s: self.now_unix_s,
             window_ms: self.window_ms,
+            took_ms: None,
             ranks,
             workers,
             probes: self.probes.clone(),

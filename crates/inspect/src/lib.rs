@@ -3,6 +3,7 @@
 
 pub mod child;
 pub mod paths;
+pub mod prepared;
 pub mod probe;
 pub mod pystack;
 pub mod ranks;

@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -55,13 +55,17 @@ impl StackReadOptions {
             program: crate::child::self_exe()?,
             per_pid_timeout: Duration::from_secs(1),
             total_timeout: Duration::from_secs(4),
-            // Reading a stack is CPU-bound (py-spy parses the interpreter binary of each rank, ~7 ms): one child
-            // per core.
-            parallelism: std::thread::available_parallelism()
-                .map_or(2, |n| n.get())
-                .clamp(2, 16),
+            parallelism: default_parallelism(),
         })
     }
+}
+
+/// Children that read stacks at a time: reading a cold stack is CPU-bound (py-spy parses the interpreter binary
+/// of each rank, ~7 ms), so one per core.
+pub fn default_parallelism() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(2, 16)
 }
 
 impl StackReadOptions {
@@ -81,6 +85,8 @@ impl StackReadOptions {
 pub struct StackReadOutcome {
     pub reports: HashMap<i32, PythonProcessReport>,
     pub abandoned: Vec<AbandonedChild>,
+    /// How many pids were read by readers prepared beforehand (`crate::prepared`).
+    pub by_prepared: usize,
 }
 
 /// One line of the child's output protocol.
@@ -91,6 +97,18 @@ enum ChildLine {
     Begin { pid: i32, step: String },
     /// The child finished this pid.
     Done { report: PythonProcessReport },
+    /// A serving child prepared (or failed to prepare) its reader of this pid.
+    Prepared { pid: i32, error: Option<String> },
+}
+
+/// What a serving child (`__inspect-child --serve`) is asked, one JSON line on its stdin each.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub(crate) enum ServeRequest {
+    /// Keep readers of exactly these pids ready (the interpreter found, its symbols parsed), dropping others.
+    Prepare { pids: Vec<i32> },
+    /// Read these pids now, with the prepared readers where there are.
+    Read { pids: Vec<i32> },
 }
 
 /// Reads environment and Python stacks of `pids`, never blocking on a stuck one for longer than the options say.
@@ -104,15 +122,34 @@ pub fn read_environments(pids: &[i32], options: &StackReadOptions) -> StackReadO
 }
 
 fn read_in_children(pids: &[i32], options: &StackReadOptions, stacks: bool) -> StackReadOutcome {
+    read_with(pids, options, stacks, Vec::new()).0
+}
+
+/// Reads `pids`: those that a `warm` reader was asked for by it, the rest (and whatever a warm reader that had
+/// to be abandoned did not reach) by throwaway children. Returns the outcome and the warm readers that answered
+/// in full, to keep.
+pub(crate) fn read_with(
+    pids: &[i32],
+    options: &StackReadOptions,
+    stacks: bool,
+    warm: Vec<Reader>,
+) -> (StackReadOutcome, Vec<Reader>) {
     let started = Instant::now();
     let mut outcome = StackReadOutcome::default();
-    let mut pending: VecDeque<i32> = pids.iter().copied().collect();
+    let covered: std::collections::HashSet<i32> =
+        warm.iter().flat_map(|r| r.pids.iter().copied()).collect();
+    let mut pending: VecDeque<i32> = pids
+        .iter()
+        .copied()
+        .filter(|p| !covered.contains(p))
+        .collect();
     let parallelism = options.parallelism.max(1);
-    let chunk_size = pids.len().div_ceil(parallelism).max(1);
-    let mut running: Vec<Reader> = Vec::new();
+    let chunk_size = pending.len().div_ceil(parallelism).max(1);
+    let mut running: Vec<Reader> = warm;
+    let mut kept: Vec<Reader> = Vec::new();
 
     loop {
-        while running.len() < parallelism && !pending.is_empty() {
+        while running.iter().filter(|r| !r.serving).count() < parallelism && !pending.is_empty() {
             let chunk: Vec<i32> = pending.drain(..chunk_size.min(pending.len())).collect();
             match Reader::start(&options.program, chunk.clone(), stacks) {
                 Ok(reader) => running.push(reader),
@@ -131,10 +168,21 @@ fn read_in_children(pids: &[i32], options: &StackReadOptions, stacks: bool) -> S
         }
         let out_of_time = started.elapsed() >= options.total_timeout;
         let mut still_running = Vec::with_capacity(running.len());
+        // The wait is shared: with many readers, each gets a slice of it.
+        let slice = Duration::from_millis((20 / running.len().max(1)).max(1) as u64);
         for mut reader in running {
-            reader.pump(Duration::from_millis(20));
+            reader.pump(slice);
             for report in reader.take_done() {
+                outcome.by_prepared += usize::from(reader.serving);
                 outcome.reports.insert(report.pid, report);
+            }
+            if reader.answered() {
+                if reader.serving && !reader.eof {
+                    kept.push(reader);
+                } else {
+                    reader.reap();
+                }
+                continue;
             }
             if reader.finished() {
                 for pid in reader.unfinished() {
@@ -190,10 +238,10 @@ fn read_in_children(pids: &[i32], options: &StackReadOptions, stacks: bool) -> S
             }
         }
     }
-    outcome
+    (outcome, kept)
 }
 
-fn report_with_error(pid: i32, error: String) -> PythonProcessReport {
+pub(crate) fn report_with_error(pid: i32, error: String) -> PythonProcessReport {
     PythonProcessReport {
         pid,
         errors: vec![error],
@@ -201,18 +249,31 @@ fn report_with_error(pid: i32, error: String) -> PythonProcessReport {
     }
 }
 
-/// One running `__inspect-child` and what it printed so far.
-struct Reader {
+/// One running `__inspect-child` and what it printed so far: a throwaway one started for some pids, or a serving
+/// one (`--serve`) kept between roll calls and asked for pids on its stdin.
+pub(crate) struct Reader {
     child: Child,
+    /// A serving child's stdin (non-blocking); `None` for a throwaway child.
+    stdin: Option<std::process::ChildStdin>,
+    pub(crate) serving: bool,
     started: Instant,
+    /// The pids of the current request.
     pids: Vec<i32>,
     buf: Vec<u8>,
     done: Vec<PythonProcessReport>,
     finished_pids: Vec<i32>,
     current: Option<(i32, String)>,
     last_progress: Instant,
-    eof: bool,
+    pub(crate) eof: bool,
     error: Option<String>,
+    /// What the serving child said about preparing each pid: `None` ready, `Some(why)` not.
+    pub(crate) prepared: HashMap<i32, Option<String>>,
+    /// Pids the serving child was asked to prepare and has not answered for yet.
+    pub(crate) preparing: Vec<i32>,
+    /// The pids a serving child keeps readers of, and when it was last asked to prepare them (how many times).
+    pub(crate) assigned: Vec<i32>,
+    pub(crate) last_prepare: Option<Instant>,
+    pub(crate) prepares: u32,
 }
 
 impl Reader {
@@ -230,9 +291,35 @@ impl Reader {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()?;
+        Ok(Reader::new(child, None, pids))
+    }
+
+    /// Starts a serving child, idle until asked.
+    pub(crate) fn serve(program: &PathBuf) -> std::io::Result<Reader> {
+        let mut child = Command::new(program)
+            .arg("__inspect-child")
+            .arg("--serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let stdin = child.stdin.take();
+        if let Some(stdin) = &stdin {
+            // A child stuck in the kernel stops reading: a full pipe must fail the write, not block us.
+            let flags = nix::fcntl::fcntl(stdin.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL)?;
+            let flags =
+                nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+            nix::fcntl::fcntl(stdin.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(flags))?;
+        }
+        Ok(Reader::new(child, stdin, Vec::new()))
+    }
+
+    fn new(child: Child, stdin: Option<std::process::ChildStdin>, pids: Vec<i32>) -> Reader {
         let now = Instant::now();
-        Ok(Reader {
+        Reader {
             child,
+            serving: stdin.is_some(),
+            stdin,
             started: now,
             pids,
             buf: Vec::new(),
@@ -242,11 +329,55 @@ impl Reader {
             last_progress: now,
             eof: false,
             error: None,
-        })
+            prepared: HashMap::new(),
+            preparing: Vec::new(),
+            assigned: Vec::new(),
+            last_prepare: None,
+            prepares: 0,
+        }
+    }
+
+    /// Sends a request to a serving child. Fails when the child does not take it (exited, or stuck with its
+    /// pipe full): the caller gives up on the child.
+    pub(crate) fn send(&mut self, request: &ServeRequest) -> std::io::Result<()> {
+        let Some(stdin) = self.stdin.as_mut() else {
+            return Err(std::io::Error::other("not a serving reader"));
+        };
+        let mut line = serde_json::to_vec(request)?;
+        line.push(b'\n');
+        // One short line: a pipe with room takes it whole; without room the child is not reading.
+        let written = stdin.write(&line)?;
+        if written != line.len() {
+            return Err(std::io::Error::other("the reader took part of a request"));
+        }
+        let now = Instant::now();
+        match request {
+            ServeRequest::Read { pids } => {
+                self.pids = pids.clone();
+                self.finished_pids.clear();
+                self.done.clear();
+                self.last_progress = now;
+            }
+            ServeRequest::Prepare { pids } => {
+                if self.assigned != *pids {
+                    self.prepares = 0;
+                }
+                self.assigned = pids.clone();
+                self.prepares += 1;
+                self.last_prepare = Some(now);
+                self.preparing = pids.clone();
+                if self.preparing.is_empty() {
+                    self.prepared.clear();
+                }
+                self.prepared.retain(|p, _| pids.contains(p));
+                self.last_progress = now;
+            }
+        }
+        Ok(())
     }
 
     /// Reads whatever the child printed within `wait`.
-    fn pump(&mut self, wait: Duration) {
+    pub(crate) fn pump(&mut self, wait: Duration) {
         if self.eof {
             return;
         }
@@ -291,6 +422,11 @@ impl Reader {
                     self.finished_pids.push(report.pid);
                     self.done.push(report);
                 }
+                Ok(ChildLine::Prepared { pid, error }) => {
+                    self.current = None;
+                    self.preparing.retain(|p| *p != pid);
+                    self.prepared.insert(pid, error);
+                }
                 Err(e) => self.error = Some(format!("reader printed something unexpected: {e}")),
             }
         }
@@ -304,7 +440,12 @@ impl Reader {
         self.eof
     }
 
-    fn idle_for(&self) -> Duration {
+    /// Every pid of the current request has its report.
+    fn answered(&self) -> bool {
+        self.pids.iter().all(|p| self.finished_pids.contains(p))
+    }
+
+    pub(crate) fn idle_for(&self) -> Duration {
         self.last_progress.elapsed()
     }
 
@@ -324,6 +465,7 @@ impl Reader {
 
     /// Waits briefly for an exited child (it closed stdout, so it is exiting); abandons it if it lingers.
     fn reap(mut self) {
+        self.stdin = None;
         let until = Instant::now() + Duration::from_millis(200);
         while Instant::now() < until {
             if !matches!(self.child.try_wait(), Ok(None)) {
@@ -332,11 +474,14 @@ impl Reader {
             std::thread::sleep(Duration::from_millis(2));
         }
         let _ = self.child.kill();
+        let started = self.started;
+        drop(AbandonedChild::new(self.child, started));
     }
 
     /// Gives up on the child: returns the pid it was stuck on (with the step), the pids it did not reach, and the
     /// child to reap later.
-    fn abandon(mut self) -> (Option<(i32, String)>, Vec<i32>, AbandonedChild) {
+    pub(crate) fn abandon(mut self) -> (Option<(i32, String)>, Vec<i32>, AbandonedChild) {
+        self.stdin = None;
         let _ = self.child.kill();
         let stuck = self.current.take();
         let rest = self
@@ -352,55 +497,192 @@ impl Reader {
 /// The child's side: reads each pid in turn and prints one `begin` line before each step and one `done` line per
 /// pid. Runs in `hangwatch __inspect-child`; may block forever, which is why it is a child.
 pub fn child_main(pids: &[i32], stacks: bool, out: &mut impl Write) -> std::io::Result<()> {
+    let mut readers = PreparedReaders::default();
     for &pid in pids {
+        readers.read(pid, stacks, out)?;
+    }
+    Ok(())
+}
+
+/// The serving child's side (`__inspect-child --serve`): takes [`ServeRequest`] lines from `input` until it
+/// closes. `prepare` finds each rank's interpreter and parses its symbols once, while the job is healthy (the
+/// slow part of a stack read: ~7 ms a process); a `read` then costs only the reads of the stacks themselves.
+pub fn serve_main(input: impl std::io::BufRead, out: &mut impl Write) -> std::io::Result<()> {
+    let mut readers = PreparedReaders::default();
+    for line in input.lines() {
+        match serde_json::from_str::<ServeRequest>(&line?) {
+            Ok(ServeRequest::Prepare { pids }) => {
+                readers.keep_only(&pids);
+                for pid in pids {
+                    readers.prepare(pid, out)?;
+                }
+            }
+            Ok(ServeRequest::Read { pids }) => {
+                for pid in pids {
+                    readers.read(pid, true, out)?;
+                }
+            }
+            // The parent writes these lines; one it did not mean is skipped, not fatal.
+            Err(_) => continue,
+        }
+    }
+    Ok(())
+}
+
+/// One process's reader, ready: its interpreter found and symbols parsed, its rank identity read.
+struct PreparedReader {
+    /// The process's start time: a pid reused by another process is not read with this reader.
+    start_time: u64,
+    rank_env: Option<RankEnv>,
+    cmdline: Option<Vec<String>>,
+    spy: py_spy::PythonSpy,
+}
+
+/// The readers a child keeps, by pid.
+#[derive(Default)]
+struct PreparedReaders {
+    by_pid: HashMap<i32, PreparedReader>,
+}
+
+impl PreparedReaders {
+    fn keep_only(&mut self, pids: &[i32]) {
+        self.by_pid.retain(|pid, _| pids.contains(pid));
+    }
+
+    /// Prepares a reader of `pid` (unless one for the same process is ready) and says how that went.
+    fn prepare(&mut self, pid: i32, out: &mut impl Write) -> std::io::Result<()> {
+        let start_time = start_time_of(pid);
+        if start_time.is_some() && self.by_pid.get(&pid).map(|r| r.start_time) == start_time {
+            return emit(out, &ChildLine::Prepared { pid, error: None });
+        }
+        self.by_pid.remove(&pid);
         let mut report = PythonProcessReport {
             pid,
             ..Default::default()
         };
+        identity(pid, &mut report, out)?;
         emit(
             out,
             &ChildLine::Begin {
                 pid,
-                step: "reading the environment".into(),
+                step: "preparing the Python stack reader".into(),
             },
         )?;
-        match std::fs::read(format!("/proc/{pid}/environ")) {
-            Ok(raw) => report.rank_env = Some(RankEnv::from_environ(&parse_environ(&raw))),
-            Err(e) => report.errors.push(format!("environment not readable: {e}")),
+        let error = match (start_time, python_spy(pid)) {
+            (Some(start_time), Ok(spy)) => {
+                self.by_pid.insert(
+                    pid,
+                    PreparedReader {
+                        start_time,
+                        rank_env: report.rank_env,
+                        cmdline: report.cmdline,
+                        spy,
+                    },
+                );
+                None
+            }
+            (None, _) => Some("the process is gone".to_string()),
+            (_, Err(e)) => Some(e),
+        };
+        emit(out, &ChildLine::Prepared { pid, error })
+    }
+
+    /// Reads `pid` (its stack too when `stacks`), with its prepared reader when there is one for this process.
+    fn read(&mut self, pid: i32, stacks: bool, out: &mut impl Write) -> std::io::Result<()> {
+        let mut report = PythonProcessReport {
+            pid,
+            ..Default::default()
+        };
+        let prepared = self
+            .by_pid
+            .get_mut(&pid)
+            .filter(|r| Some(r.start_time) == start_time_of(pid));
+        match prepared {
+            Some(ready) => {
+                report.rank_env = ready.rank_env.clone();
+                report.cmdline = ready.cmdline.clone();
+                if stacks {
+                    stack_step(pid, out)?;
+                    match stack_traces(&mut ready.spy) {
+                        Ok(threads) => report.threads = Some(threads),
+                        Err(e) => {
+                            report.errors.push(e);
+                            // The interpreter may have been torn down: prepare afresh next time.
+                            self.by_pid.remove(&pid);
+                        }
+                    }
+                }
+            }
+            None => {
+                self.by_pid.remove(&pid);
+                identity(pid, &mut report, out)?;
+                if stacks {
+                    stack_step(pid, out)?;
+                    match python_spy(pid) {
+                        Ok(mut spy) => match stack_traces(&mut spy) {
+                            Ok(threads) => report.threads = Some(threads),
+                            Err(e) => report.errors.push(e),
+                        },
+                        Err(e) => report.errors.push(e),
+                    }
+                }
+            }
         }
-        if !stacks {
-            emit(out, &ChildLine::Done { report })?;
-            continue;
-        }
-        emit(
-            out,
-            &ChildLine::Begin {
-                pid,
-                step: "reading the command line".into(),
-            },
-        )?;
-        if let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) {
-            report.cmdline = Some(
-                raw.split(|b| *b == 0)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| String::from_utf8_lossy(s).into_owned())
-                    .collect(),
-            );
-        }
-        emit(
-            out,
-            &ChildLine::Begin {
-                pid,
-                step: "reading the Python stack".into(),
-            },
-        )?;
-        match python_stacks(pid) {
-            Ok(threads) => report.threads = Some(threads),
-            Err(e) => report.errors.push(e),
-        }
-        emit(out, &ChildLine::Done { report })?;
+        emit(out, &ChildLine::Done { report })
+    }
+}
+
+/// Reads the rank environment and command line of `pid` into `report`, announcing each step.
+fn identity(
+    pid: i32,
+    report: &mut PythonProcessReport,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    emit(
+        out,
+        &ChildLine::Begin {
+            pid,
+            step: "reading the environment".into(),
+        },
+    )?;
+    match std::fs::read(format!("/proc/{pid}/environ")) {
+        Ok(raw) => report.rank_env = Some(RankEnv::from_environ(&parse_environ(&raw))),
+        Err(e) => report.errors.push(format!("environment not readable: {e}")),
+    }
+    emit(
+        out,
+        &ChildLine::Begin {
+            pid,
+            step: "reading the command line".into(),
+        },
+    )?;
+    if let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+        report.cmdline = Some(
+            raw.split(|b| *b == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect(),
+        );
     }
     Ok(())
+}
+
+fn stack_step(pid: i32, out: &mut impl Write) -> std::io::Result<()> {
+    emit(
+        out,
+        &ChildLine::Begin {
+            pid,
+            step: "reading the Python stack".into(),
+        },
+    )
+}
+
+/// The start time of `pid` (from /proc/PID/stat, which takes no lock the process can hold).
+fn start_time_of(pid: i32) -> Option<u64> {
+    hangwatch_proc::ProcFs::new("/proc")
+        .stat(pid)
+        .ok()
+        .map(|s| s.starttime)
 }
 
 fn emit(out: &mut impl Write, line: &ChildLine) -> std::io::Result<()> {
@@ -409,15 +691,17 @@ fn emit(out: &mut impl Write, line: &ChildLine) -> std::io::Result<()> {
     out.flush()
 }
 
-fn python_stacks(pid: i32) -> Result<Vec<PythonThread>, String> {
+fn python_spy(pid: i32) -> Result<py_spy::PythonSpy, String> {
     let config = py_spy::Config {
         blocking: py_spy::config::LockingStrategy::NonBlocking,
         native: false,
         full_filenames: true,
         ..py_spy::Config::default()
     };
-    let mut spy = py_spy::PythonSpy::new(pid, &config)
-        .map_err(|e| format!("not a readable Python process: {e}"))?;
+    py_spy::PythonSpy::new(pid, &config).map_err(|e| format!("not a readable Python process: {e}"))
+}
+
+fn stack_traces(spy: &mut py_spy::PythonSpy) -> Result<Vec<PythonThread>, String> {
     let traces = spy
         .get_stack_traces()
         .map_err(|e| format!("Python stack not readable: {e}"))?;

@@ -21,6 +21,7 @@ use hangwatch_model::{
 use hangwatch_proc::{observe_process, resolve_file_ref, MountTable, ProcFs, ReadError};
 
 use crate::paths::{absolute, read_strings, StringAt};
+use crate::prepared::PreparedStacks;
 use crate::pystack::{read_python_processes, PythonProcessReport, StackReadOptions};
 
 /// How to take a roll call.
@@ -31,6 +32,8 @@ pub struct RollCallOptions {
     /// Read Python stacks (and rank identities) in children; off: ranks are identified only by what the caller knows.
     pub read_stacks: bool,
     pub stacks: StackReadOptions,
+    /// Readers prepared while the job was healthy (`run`); without, stacks are read by throwaway children.
+    pub prepared: Option<PreparedStacks>,
     /// This node's name, for the observations.
     pub node: Option<String>,
 }
@@ -41,6 +44,8 @@ pub struct RollCall {
     pub observations: NodeObservations,
     /// How long the roll call took, probes included.
     pub elapsed: Duration,
+    /// How many Python stacks were read by readers prepared beforehand.
+    pub stacks_prepared: usize,
 }
 
 /// What the caller already knows about a process: it launched it (its rank), or reaped it (how and when it
@@ -98,6 +103,46 @@ fn workers_of(procfs: &ProcFs, ranks: &[i32]) -> Vec<Worker> {
     workers
 }
 
+/// Processes above this many are sampled by several threads: /proc reads cost ~15 us a file, and a node's ranks
+/// with their workers and threads make thousands.
+const SAMPLES_PER_THREAD: usize = 16;
+
+/// `f` of every pid, in order, spread over up to 4 threads.
+fn in_parallel<T: Send>(pids: &[i32], f: impl Fn(i32) -> T + Sync) -> Vec<T> {
+    let threads = pids
+        .len()
+        .div_ceil(SAMPLES_PER_THREAD)
+        .clamp(1, crate::pystack::default_parallelism().min(4));
+    if threads == 1 {
+        return pids.iter().map(|&pid| f(pid)).collect();
+    }
+    let chunk = pids.len().div_ceil(threads);
+    let f = &f;
+    let run = move |part: &[i32]| part.iter().map(|&pid| f(pid)).collect::<Vec<T>>();
+    std::thread::scope(|scope| {
+        // A thread that cannot be started leaves its part to this one.
+        let parts: Vec<Result<_, &[i32]>> = pids
+            .chunks(chunk)
+            .map(|part| {
+                std::thread::Builder::new()
+                    .name("hw-sample".into())
+                    .spawn_scoped(scope, move || run(part))
+                    .map_err(|_| part)
+            })
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|part| match part {
+                Ok(handle) => match handle.join() {
+                    Ok(done) => done,
+                    Err(panic) => std::panic::resume_unwind(panic),
+                },
+                Err(part) => run(part),
+            })
+            .collect()
+    })
+}
+
 /// Observes `pids`, with what the caller already `known`s about them; `probe` probes the named mounts (the caller
 /// owns the prober, so that a stuck probe is not restarted).
 pub fn take_roll_call(
@@ -113,24 +158,38 @@ pub fn take_roll_call(
     let stack_reader = options.read_stacks.then(|| {
         let pids = pids.to_vec();
         let stack_options = options.stacks.clone();
-        std::thread::spawn(move || read_python_processes(&pids, &stack_options))
+        let prepared = options.prepared.clone();
+        std::thread::spawn(move || match prepared {
+            Some(readers) => readers.read(&pids, &stack_options),
+            None => read_python_processes(&pids, &stack_options),
+        })
     });
 
     let workers = workers_of(procfs, pids);
-    let first: Vec<(i32, Result<_, ReadError>)> = pids
+    // The first sample only needs the counters that tell whether a thread ran; each process's window is the
+    // time between its own two samples, and the sleep makes it about `window` for every one of them.
+    let all: Vec<i32> = pids
         .iter()
         .copied()
         .chain(workers.iter().map(|w| w.id.pid))
-        .map(|pid| (pid, procfs.sample_process(pid)))
         .collect();
-    let first_at = Instant::now();
-    std::thread::sleep(options.window);
-    let elapsed = first_at.elapsed();
+    let first: Vec<(i32, Result<_, ReadError>, Instant)> = in_parallel(&all, |pid| {
+        (pid, procfs.sample_counters(pid), Instant::now())
+    });
+    let first_span = first
+        .first()
+        .map_or(Duration::ZERO, |(_, _, at)| at.elapsed());
+    std::thread::sleep(options.window.saturating_sub(first_span));
+    let mut window = Duration::ZERO;
 
+    let seconds = in_parallel(&all, |pid| (procfs.sample_process(pid), Instant::now()));
     let mut observations = Vec::with_capacity(first.len());
-    for (i, (pid, first)) in first.into_iter().enumerate() {
+    for (i, ((pid, first, first_at), (second, second_at))) in
+        first.into_iter().zip(seconds).enumerate()
+    {
         let worker = i.checked_sub(pids.len()).and_then(|w| workers.get(w));
-        let second = procfs.sample_process(pid);
+        let elapsed = second_at.saturating_duration_since(first_at);
+        window = window.max(elapsed);
         // A worker's pid reused by another process between the tree walk and a sample: that worker is gone.
         let reused = |sample: &Result<hangwatch_proc::ProcessSample, ReadError>| {
             worker.is_some_and(|w| {
@@ -188,8 +247,12 @@ pub fn take_roll_call(
     );
 
     let mut unreadable = Vec::new();
+    let mut stacks_prepared = 0;
     let reports: HashMap<i32, PythonProcessReport> = match stack_reader.map(|h| h.join()) {
-        Some(Ok(outcome)) => outcome.reports,
+        Some(Ok(outcome)) => {
+            stacks_prepared = outcome.by_prepared;
+            outcome.reports
+        }
         Some(Err(_)) => {
             unreadable
                 .push("the Python stack reader failed: no rank has a Python stack".to_string());
@@ -234,7 +297,7 @@ pub fn take_roll_call(
         }
     }
 
-    let window_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+    let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
     let mut mounts = mounts_to_probe(&observations, window_ms);
     // A writer waiting on a frozen superblock names no file: every writable mount it can see is probed (each in
     // its own child, under the probe deadline), and the decision names the one that does not answer.
@@ -255,6 +318,7 @@ pub fn take_roll_call(
     let (ranks, workers) = observations
         .into_iter()
         .partition(|o| o.worker_of.is_none());
+    let took = started.elapsed();
     RollCall {
         observations: NodeObservations {
             version: NODE_OBSERVATIONS_VERSION,
@@ -264,13 +328,15 @@ pub fn take_roll_call(
                 .ok()
                 .map(|d| d.as_secs_f64()),
             window_ms,
+            took_ms: Some(u64::try_from(took.as_millis()).unwrap_or(u64::MAX)),
             ranks,
             workers,
             probes,
             kernel_log: None,
             unreadable,
         },
-        elapsed: started.elapsed(),
+        elapsed: took,
+        stacks_prepared,
     }
 }
 

@@ -19,6 +19,9 @@ pub struct NodeObservations {
     pub observed_at_unix_s: Option<f64>,
     /// Milliseconds between the two /proc samples: a thread that did not run in it "is not running".
     pub window_ms: u64,
+    /// How long the roll call took on this node, probes included (absent from older agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub took_ms: Option<u64>,
     /// The rank processes (`worker_of` unset), in the order they were named.
     pub ranks: Vec<ProcessObservation>,
     /// The ranks' descendants (`worker_of` set): never ranks themselves.
@@ -44,6 +47,7 @@ impl NodeObservations {
             node,
             observed_at_unix_s: None,
             window_ms,
+            took_ms: None,
             ranks: Vec::new(),
             workers: Vec::new(),
             probes: Vec::new(),

@@ -274,6 +274,17 @@ impl ProcFs {
     /// One raw sample of a process and its threads. Fails only when the process itself is gone or its `stat`
     /// is unreadable; a thread that exits meanwhile is left out, and other failed reads are listed in `issues`.
     pub fn sample_process(&self, pid: i32) -> Result<ProcessSample, ReadError> {
+        self.sample(pid, true)
+    }
+
+    /// A sample with only what tells whether a thread ran since (stat and status: CPU time, context switches),
+    /// without wait channels, system calls or kernel stacks: the first of a roll call's two samples, which only
+    /// the counters of are compared.
+    pub fn sample_counters(&self, pid: i32) -> Result<ProcessSample, ReadError> {
+        self.sample(pid, false)
+    }
+
+    fn sample(&self, pid: i32, full: bool) -> Result<ProcessSample, ReadError> {
         let stat = self.stat(pid)?;
         let mut issues = Issues::default();
         let status = match self.status(pid) {
@@ -286,7 +297,7 @@ impl ProcFs {
         };
         let mut threads = Vec::new();
         for tid in self.list_threads(pid)? {
-            match self.sample_thread(pid, tid, &mut issues) {
+            match self.sample_thread(pid, tid, full, &mut issues) {
                 Ok(Some(thread)) => threads.push(thread),
                 Ok(None) => {}
                 Err(e) => return Err(e),
@@ -306,6 +317,7 @@ impl ProcFs {
         &self,
         pid: i32,
         tid: i32,
+        full: bool,
         issues: &mut Issues,
     ) -> Result<Option<ThreadSample>, ReadError> {
         let stat = match self.task_stat(pid, tid) {
@@ -336,6 +348,9 @@ impl ProcFs {
             };
         }
         optional!(status, "task status", self.task_status(pid, tid).map(Some));
+        if !full {
+            return Ok(Some(thread));
+        }
         optional!(wchan, "wchan", self.wchan(pid, tid));
         optional!(syscall, "syscall", self.syscall(pid, tid).map(Some));
         optional!(kernel_stack, "stack", self.kernel_stack(pid, tid));

@@ -59,6 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         window: args.window,
         read_stacks: !args.no_stacks,
         stacks,
+        prepared: None,
         node: hostname(),
     };
     let probe_timeout = args.probe_timeout;

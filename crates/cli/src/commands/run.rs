@@ -248,7 +248,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         prefix: !args.no_prefix && args.nproc.is_some_and(|n| n > 1),
         sink: sink.as_ref().map(|s| s.line_sink()),
         tick: Duration::from_millis(200),
-        window: Duration::from_millis(300),
+        // Shorter than `dump`'s 300 ms: by the time `run` takes a roll call the detector has seen seconds without
+        // progress; the window only tells threads that spin from threads that sleep, and with the stack readers
+        // prepared it is most of the roll call's time.
+        window: Duration::from_millis(100),
         stack_timeout: Duration::from_secs(1),
         probe_timeout: Duration::from_secs(2),
         node: node_name,
