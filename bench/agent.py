@@ -121,17 +121,28 @@ def frozen_log_latency(hw, lines=100_000, rate=6000):
     flood = os.path.join(ROOT, "tests/python/flood.py")
     with loop_ext4(128) as (work, mnt, freeze, thaw):
         stats = os.path.join(work, "stats.json")
+        samples = os.path.join(work, "samples.txt")
         proc = subprocess.Popen(
             [hw, "run", "--quiet", "--stall-after", "5m", "--log-file", os.path.join(mnt, "job.log"),
-             "--report-dir", os.path.join(work, "report"), "--", sys.executable, flood, str(lines), str(rate), stats],
+             "--report-dir", os.path.join(work, "report"), "--", sys.executable, flood, str(lines), str(rate), stats,
+             samples],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(2)
+        froze_at = time.time()
         freeze()
         time.sleep(10)
+        thawed_at = time.time()
         thaw()
         proc.wait(timeout=120)
         with open(stats) as f:
             got = f.read()
+        phases = {"before the freeze": [], "frozen": [], "after the thaw": []}
+        with open(samples) as f:
+            for line in f:
+                wall, ns = line.split()
+                wall = float(wall)
+                phase = "before the freeze" if wall < froze_at else "frozen" if wall < thawed_at else "after the thaw"
+                phases[phase].append(int(ns))
         with open(os.path.join(mnt, "job.log"), "rb") as f:
             logged = sum(1 for _ in f)
         base = os.path.join(work, "base.json")
@@ -139,6 +150,11 @@ def frozen_log_latency(hw, lines=100_000, rate=6000):
         with open(base) as f:
             baseline = f.read()
     print(f"{lines} lines at {rate}/s, log filesystem frozen 10 s: rank print+flush {got}; {logged} lines in the log")
+    for phase, got_ns in phases.items():
+        got_ns.sort()
+        if got_ns:
+            p99 = got_ns[min(len(got_ns) - 1, int(len(got_ns) * 0.99))] / 1000
+            print(f"  {phase}: {len(got_ns)} lines, p99 {p99:.1f} us")
     print(f"  baseline, the same rank printing into a pipe drained by cat: {baseline}")
 
 
