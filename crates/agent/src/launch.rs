@@ -25,6 +25,8 @@ pub struct LaunchSpec {
     pub node_rank: u32,
     pub master_addr: String,
     pub master_port: Option<u16>,
+    /// More environment for the job (a restarted attempt's `HANGWATCH_ATTEMPT` and friends).
+    pub env: Vec<(String, String)>,
 }
 
 /// One started process.
@@ -94,6 +96,7 @@ fn base_command(spec: &LaunchSpec) -> Result<Command, LaunchError> {
     if let Some(beats) = &spec.beats {
         cmd.env("HANGWATCH_BEATS", beats);
     }
+    cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
     // Python buffers a pipe's output in 8 KiB blocks: lines would arrive late and in bursts, which hides progress
     // and loses the last lines of a rank that is killed.
     if std::env::var_os("PYTHONUNBUFFERED").is_none() {
@@ -213,6 +216,7 @@ mod tests {
             node_rank,
             master_addr: "10.0.0.1".into(),
             master_port: None,
+            env: Vec::new(),
         }
     }
 

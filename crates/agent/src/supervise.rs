@@ -89,6 +89,8 @@ pub struct RunOutcome {
     pub bundle: Option<PathBuf>,
     pub termination: Option<TerminationReport>,
     pub interrupted_by: Option<i32>,
+    /// The furthest step any rank reported (`hangwatch.beat(step)`), for `--action requeue`'s restart budget.
+    pub last_step: Option<u64>,
 }
 
 /// One thing that happened. Progress (beats, output) is not an event: it waits on the [`ProgressBoard`], which the
@@ -259,6 +261,8 @@ struct Supervisor {
     /// Stack readers kept ready, the rank pids they were last given, and a new set of pids not yet settled.
     stack_readers: Option<PreparedStacks>,
     stack_pids: Vec<i32>,
+    /// The furthest step any rank reported.
+    last_step: Option<u64>,
     stack_candidate: Option<(Vec<i32>, Instant)>,
     link: Option<Link>,
     beat_slots: Option<crate::beats::BeatSlots>,
@@ -423,6 +427,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         program,
         stack_readers,
         stack_pids: Vec::new(),
+        last_step: None,
         stack_candidate: None,
         link,
         beat_slots,
@@ -630,6 +635,7 @@ impl Supervisor {
     fn take_progress(&mut self) {
         self.take_slot_beats();
         for u in self.board.take_updates() {
+            self.last_step = self.last_step.max(u.step);
             if let (Some(link), Some(rank)) = (&self.link, u.rank) {
                 link.progress(rank, u.step, u.at);
             }
@@ -688,6 +694,7 @@ impl Supervisor {
                     longest_gap: each,
                 },
             );
+            self.last_step = self.last_step.max(slot.step);
             if let (Some(link), Some(rank)) = (&self.link, rank) {
                 link.progress(rank, slot.step, now);
             }
@@ -1526,6 +1533,7 @@ impl Supervisor {
             bundle: self.bundle.clone(),
             termination: Some(report),
             interrupted_by: None,
+            last_step: self.last_step,
         }
     }
 
@@ -1548,6 +1556,7 @@ impl Supervisor {
             bundle: self.bundle.clone(),
             termination: None,
             interrupted_by: interrupted,
+            last_step: self.last_step,
         }
     }
 }

@@ -5,6 +5,7 @@ mod dirs;
 mod duration;
 mod exit;
 mod output;
+mod requeue;
 mod size;
 mod slurm;
 

@@ -49,37 +49,63 @@ pub fn first_node(get: impl Fn(&str) -> Option<String>) -> Option<String> {
 }
 
 /// The first host of a Slurm host list (`n[01-04,10],gpu7` -> `n01`), as `scontrol show hostnames` would list it
-/// first. Written here because the expression needs no more than this, and the alternative is running scontrol.
+/// first.
 pub fn first_host(list: &str) -> Option<String> {
-    let list = list.trim();
-    // The first entry ends at a comma outside brackets.
-    let mut depth = 0usize;
-    let end = list
-        .char_indices()
-        .find(|&(_, c)| {
-            match c {
-                '[' => depth += 1,
-                ']' => depth = depth.saturating_sub(1),
-                _ => {}
+    expand_hosts(list).into_iter().next()
+}
+
+/// At most this many names come out of one host list (a typo like `n[1-99999999]` must not eat the memory).
+const MAX_HOSTS: usize = 100_000;
+
+/// Every host of a Slurm host list (`n[01-03,10],gpu7` -> `n01 n02 n03 n10 gpu7`), as `scontrol show hostnames`
+/// lists them. Written here because the syntax needs no more than this, and the alternative is running scontrol
+/// (which may not answer). One bracket group per entry; an entry that does not parse is left out.
+pub fn expand_hosts(list: &str) -> Vec<String> {
+    let mut hosts = Vec::new();
+    for entry in split_outside_brackets(list.trim()) {
+        let entry = entry.trim();
+        match (entry.find('['), entry.find(']')) {
+            (None, None) if !entry.is_empty() => hosts.push(entry.to_string()),
+            (Some(open), Some(close)) if open < close => {
+                let (prefix, suffix) = (&entry[..open], &entry[close + 1..]);
+                for item in entry[open + 1..close].split(',') {
+                    let (from, to) = item.split_once('-').unwrap_or((item, item));
+                    let (from, to) = (from.trim(), to.trim());
+                    let (Ok(a), Ok(b)) = (from.parse::<u64>(), to.parse::<u64>()) else {
+                        continue;
+                    };
+                    let width = from.len();
+                    for n in a..=b {
+                        if hosts.len() >= MAX_HOSTS {
+                            return hosts;
+                        }
+                        hosts.push(format!("{prefix}{n:0width$}{suffix}"));
+                    }
+                }
             }
-            c == ',' && depth == 0
-        })
-        .map_or(list.len(), |(i, _)| i);
-    let entry = &list[..end];
-    let host = match (entry.find('['), entry.find(']')) {
-        (Some(open), Some(close)) if open < close => {
-            let inside = &entry[open + 1..close];
-            // The first item of the first range, padding kept: `001-004,010` -> `001`.
-            let first = inside.split([',', '-']).next().unwrap_or_default().trim();
-            if first.is_empty() || !first.chars().all(|c| c.is_ascii_digit()) {
-                return None;
-            }
-            format!("{}{first}{}", &entry[..open], &entry[close + 1..])
+            _ => {}
         }
-        (None, None) => entry.to_string(),
-        _ => return None,
-    };
-    (!host.is_empty()).then_some(host)
+    }
+    hosts
+}
+
+/// The entries of a host list: split at commas outside brackets.
+fn split_outside_brackets(list: &str) -> Vec<&str> {
+    let mut entries = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                entries.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    entries.push(&list[start..]);
+    entries
 }
 
 /// The job's id as Slurm gives it.
@@ -176,6 +202,17 @@ mod tests {
             Some("n3"),
             "the step's nodes first"
         );
+    }
+
+    #[test]
+    fn every_host_of_a_slurm_host_list() {
+        assert_eq!(
+            expand_hosts("gpu[001-003,010],cpu7,rack[3,5]-n"),
+            vec!["gpu001", "gpu002", "gpu003", "gpu010", "cpu7", "rack3-n", "rack5-n"]
+        );
+        assert!(expand_hosts("").is_empty());
+        assert_eq!(expand_hosts("n[1-2,x],m[1-2"), vec!["n1", "n2"]);
+        assert_eq!(expand_hosts("n[1-999999999]").len(), MAX_HOSTS);
     }
 
     #[test]

@@ -6,12 +6,14 @@
 //! - [`acting`]: when a verdict is strong enough to act on.
 //! - [`fs_stall`]: the fast path for a rank stuck on a filesystem (or stopped) while the job stalls.
 //! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
+//! - [`requeue`]: after a hung attempt under `--action requeue`: nodes to keep out, the restart budget.
 
 pub mod acting;
 pub mod detector;
 pub mod fs_stall;
 pub mod position;
 pub mod ranks;
+pub mod requeue;
 pub mod rollcall;
 
 pub use acting::{is_conclusive, is_conclusive_for_job, is_confirmed_stuck, OnHang};

@@ -203,6 +203,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             node_rank: 0,
             master_addr: "127.0.0.1".into(),
             master_port: None,
+            env: Vec::new(),
         },
         detector: DetectorConfig {
             fixed: Some(args.stall_after),

@@ -21,13 +21,16 @@ pub enum Action {
     Observe,
     /// ... then end the job: SIGTERM, grace, SIGKILL; exit 75.
     Abort,
+    /// ... end it as abort does, then (inside a Slurm job, on node rank 0) keep the bad nodes out of the job and
+    /// requeue it, within the restart budget (docs/requeue.md).
+    Requeue,
 }
 
 impl Action {
     pub fn on_hang(self) -> OnHang {
         match self {
             Action::Observe => OnHang::Observe,
-            Action::Abort => OnHang::Abort,
+            Action::Abort | Action::Requeue => OnHang::Abort,
         }
     }
 }
@@ -82,6 +85,13 @@ pub struct Args {
     /// What to do about a hang.
     #[arg(long, value_enum, default_value = "abort")]
     action: Action,
+    /// With --action requeue: hung attempts in a row without progress (no step beyond the last hang's) after
+    /// which the job is not requeued again; `run` then exits 76.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    max_requeues: u32,
+    /// With --action requeue: also drain the nodes the verdict blames (needs Slurm admin rights).
+    #[arg(long)]
+    drain_bad_nodes: bool,
     /// Also write every line of the job's output here (written so that a frozen filesystem never blocks the job).
     #[arg(long)]
     log_file: Option<PathBuf>,
@@ -181,6 +191,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .master_port
         .or_else(|| in_slurm_step.then(|| slurm::job_port(&job_id)).flatten());
     let node_name = args.node_name.clone().or_else(|| slurm::node_name(env));
+    // A requeued attempt learns what happened to the one before, from the job itself.
+    let slurm_job = (args.action == Action::Requeue)
+        .then(|| crate::requeue::SlurmJob::from_env(env))
+        .flatten();
+    if args.action == Action::Requeue && slurm_job.is_none() {
+        say("hangwatch: --action requeue outside a Slurm job: a hang is ended as with --action abort (exit 75)");
+    }
+    let previous_attempt = slurm_job
+        .as_ref()
+        .filter(|_| node_rank == 0)
+        .and_then(crate::requeue::previous_attempt);
+    let restart_env = slurm_job
+        .as_ref()
+        .map(|job| crate::requeue::restart_env(job, previous_attempt.as_ref()))
+        .unwrap_or_default();
     let coordination = coordination(
         &args,
         nnodes,
@@ -230,6 +255,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             node_rank,
             master_addr,
             master_port,
+            env: restart_env,
         },
         detector: DetectorConfig {
             fixed: args.stall_after,
@@ -237,10 +263,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ceiling: args.max_stall,
             ..DetectorConfig::default()
         },
-        on_hang: match args.action {
-            Action::Observe => OnHang::Observe,
-            Action::Abort => OnHang::Abort,
-        },
+        on_hang: args.action.on_hang(),
         grace: args.grace,
         kill_wait: Duration::from_secs(3),
         report_dir: report_dir.clone(),
@@ -287,7 +310,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             if let Some(sink) = sink {
                 sink.finish(Duration::from_secs(5));
             }
-            report(&args, &outcome, &report_dir)
+            let code = report(&args, &outcome, &report_dir);
+            match (&slurm_job, &outcome.verdict) {
+                (Some(job), Some(verdict))
+                    if code == hangwatch_agent::supervise::EXIT_HUNG && node_rank == 0 =>
+                {
+                    crate::requeue::after_hang(
+                        job,
+                        verdict,
+                        previous_attempt.clone(),
+                        outcome.last_step,
+                        args.max_requeues,
+                        args.drain_bad_nodes,
+                    )
+                }
+                _ => code,
+            }
         }
         Err(e) => {
             say(format!("hangwatch: error: {:#}", anyhow::Error::new(e)));

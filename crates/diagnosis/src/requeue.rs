@@ -1,0 +1,422 @@
+//! What `--action requeue` does after a hung attempt: which nodes the next attempt must avoid, whether the
+//! restart budget allows another attempt, and the record of this attempt that the next one reads. Pure: the
+//! caller reads the Slurm job and carries out the commands (under deadlines).
+//!
+//! The record lives on the Slurm job itself (its `Comment`), because the next attempt may run on other nodes:
+//! node-local state would not reach it, and a shared filesystem may be the one that froze.
+
+use hangwatch_model::{Verdict, VerdictKind};
+
+/// Marks hangwatch's part of a job's comment; text before it (the user's own comment) is kept.
+pub const RECORD_MARK: &str = "hangwatch:";
+
+/// What one hung attempt left for the next: read from the job's comment at the next start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptRecord {
+    /// The attempt that hung, from 1 (Slurm's `SLURM_RESTART_COUNT` + 1).
+    pub attempt: u32,
+    pub kind: VerdictKind,
+    /// The furthest step any rank of this node reached (from `hangwatch.beat(step)`), if ranks report steps.
+    pub last_step: Option<u64>,
+    /// Hung attempts in a row that got no step beyond the one before them (this one included).
+    pub without_progress: u32,
+    /// The nodes kept out of the next attempt (all of them so far, not only this attempt's).
+    pub excluded: Vec<String>,
+    /// The rank, node and call that held the job up, in a few words.
+    pub cause: String,
+}
+
+impl AttemptRecord {
+    /// The comment with this record in place of any earlier one (the user's text before it is kept).
+    pub fn into_comment(&self, old_comment: &str) -> String {
+        let user = old_comment
+            .find(RECORD_MARK)
+            .map_or(old_comment, |at| &old_comment[..at])
+            .trim_end();
+        // The cause is the last field and runs to the end: it may hold spaces, not line breaks.
+        let cause: String = self
+            .cause
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(160)
+            .collect();
+        let record = format!(
+            "{RECORD_MARK} attempt={} kind={} step={} without_progress={} excluded={} cause={}",
+            self.attempt,
+            self.kind.as_str(),
+            self.last_step.map_or("-".to_string(), |s| s.to_string()),
+            self.without_progress,
+            if self.excluded.is_empty() {
+                "-".to_string()
+            } else {
+                self.excluded.join(",")
+            },
+            if cause.trim().is_empty() {
+                "-".into()
+            } else {
+                cause
+            },
+        );
+        if user.is_empty() {
+            record
+        } else {
+            format!("{user} {record}")
+        }
+    }
+
+    /// The record in a job's comment, if hangwatch left one; `None` for a comment without one or one that does
+    /// not parse (a record from another version is ignored rather than trusted).
+    pub fn from_comment(comment: &str) -> Option<Self> {
+        let at = comment.find(RECORD_MARK)?;
+        let mut record = AttemptRecord {
+            attempt: 0,
+            kind: VerdictKind::Unknown,
+            last_step: None,
+            without_progress: 0,
+            excluded: Vec::new(),
+            cause: String::new(),
+        };
+        let mut seen_attempt = false;
+        let text = &comment[at + RECORD_MARK.len()..];
+        let (fields, cause) = match text.find(" cause=") {
+            Some(c) => (&text[..c], text[c + " cause=".len()..].trim()),
+            None => (text, "-"),
+        };
+        if cause != "-" {
+            record.cause = cause.to_string();
+        }
+        for field in fields.split_whitespace() {
+            let (key, value) = field.split_once('=')?;
+            match key {
+                "attempt" => {
+                    record.attempt = value.parse().ok()?;
+                    seen_attempt = true;
+                }
+                "kind" => record.kind = kind_named(value)?,
+                "step" => {
+                    record.last_step = if value == "-" {
+                        None
+                    } else {
+                        Some(value.parse().ok()?)
+                    }
+                }
+                "without_progress" => record.without_progress = value.parse().ok()?,
+                "excluded" if value != "-" => {
+                    record.excluded = value.split(',').map(str::to_string).collect();
+                }
+                "excluded" => {}
+                // A field from a newer hangwatch: not ours to judge.
+                _ => {}
+            }
+        }
+        seen_attempt.then_some(record)
+    }
+
+    /// One line for the next attempt's start: what happened to this one.
+    pub fn summary(&self) -> String {
+        let excluded = if self.excluded.is_empty() {
+            String::new()
+        } else {
+            format!("; {} excluded", self.excluded.join(", "))
+        };
+        let cause = if self.cause.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", self.cause)
+        };
+        format!(
+            "previous attempt ({}) ended by hangwatch ({}){cause}{excluded}",
+            self.attempt,
+            self.kind.as_str()
+        )
+    }
+}
+
+fn kind_named(name: &str) -> Option<VerdictKind> {
+    [
+        VerdictKind::BlockedInKernel,
+        VerdictKind::Stopped,
+        VerdictKind::Exited,
+        VerdictKind::Diverged,
+        VerdictKind::Busy,
+        VerdictKind::CollectiveHang,
+        VerdictKind::NodeUnreachable,
+        VerdictKind::Unknown,
+    ]
+    .into_iter()
+    .find(|k| k.as_str() == name)
+}
+
+/// What is known when a hung attempt has been ended.
+#[derive(Debug, Clone)]
+pub struct RequeueInput<'a> {
+    pub verdict: &'a Verdict,
+    /// `SLURM_RESTART_COUNT` of this attempt (0 for the first).
+    pub restart_count: u32,
+    /// The record the previous attempt left, if any.
+    pub previous: Option<AttemptRecord>,
+    /// The furthest step this attempt's ranks reported.
+    pub last_step: Option<u64>,
+    /// Hung attempts in a row without progress after which hangwatch stops requeueing.
+    pub max_requeues: u32,
+}
+
+/// What to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequeueDecision {
+    /// Keep `record.excluded` out of the job and requeue it.
+    Requeue {
+        record: AttemptRecord,
+        /// Nodes this attempt found bad (a subset of `record.excluded`).
+        newly_excluded: Vec<String>,
+    },
+    /// The budget is spent: the job has hung `record.without_progress` times in a row without progress.
+    GiveUp { record: AttemptRecord },
+}
+
+/// Nodes the verdict blames on the node itself, not on the program: a rank stuck in the kernel or stopped, or a
+/// node that stopped answering. A Python deadlock or a busy rank would hang anywhere; excluding its node would
+/// only shrink the pool.
+pub fn bad_nodes(verdict: &Verdict) -> Vec<String> {
+    let mut nodes: Vec<String> = match verdict.kind {
+        VerdictKind::BlockedInKernel | VerdictKind::Stopped => verdict
+            .culprits
+            .iter()
+            .filter_map(|c| c.node.clone())
+            .collect(),
+        VerdictKind::NodeUnreachable => verdict
+            .nodes_not_seen
+            .iter()
+            .cloned()
+            .chain(verdict.culprits.iter().filter_map(|c| c.node.clone()))
+            .collect(),
+        _ => Vec::new(),
+    };
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// Decides whether to requeue, and with which nodes kept out.
+pub fn decide_requeue(input: &RequeueInput<'_>) -> RequeueDecision {
+    let previous = input.previous.as_ref();
+    let progressed = match (input.last_step, previous.and_then(|p| p.last_step)) {
+        (Some(now), Some(before)) => now > before,
+        // No earlier attempt hung: this one is the first without progress.
+        (_, None) if previous.is_none() => false,
+        // Steps unknown: a hang is counted as one without progress (the budget must bind even then).
+        _ => false,
+    };
+    let without_progress = if progressed || previous.is_none() {
+        1
+    } else {
+        previous.map_or(0, |p| p.without_progress) + 1
+    };
+    let newly: Vec<String> = bad_nodes(input.verdict);
+    let mut excluded: Vec<String> = previous.map(|p| p.excluded.clone()).unwrap_or_default();
+    let newly_excluded: Vec<String> = newly
+        .into_iter()
+        .filter(|n| !excluded.contains(n))
+        .collect();
+    excluded.extend(newly_excluded.iter().cloned());
+    let record = AttemptRecord {
+        attempt: input.restart_count + 1,
+        kind: input.verdict.kind,
+        last_step: input.last_step.max(previous.and_then(|p| p.last_step)),
+        without_progress,
+        excluded,
+        cause: cause_of(input.verdict),
+    };
+    if without_progress > input.max_requeues {
+        RequeueDecision::GiveUp { record }
+    } else {
+        RequeueDecision::Requeue {
+            record,
+            newly_excluded,
+        }
+    }
+}
+
+/// "rank 0 on n2 in write() on /gpfs" from the verdict's first culprit, or its kind.
+fn cause_of(verdict: &Verdict) -> String {
+    let Some(c) = verdict.culprits.first() else {
+        return verdict.kind.as_str().replace('_', " ");
+    };
+    let mut text = match c.rank {
+        Some(rank) => format!("rank {rank}"),
+        None => format!("pid {}", c.pid),
+    };
+    if let Some(node) = &c.node {
+        text.push_str(&format!(" on {node}"));
+    }
+    if let Some(call) = &c.syscall {
+        text.push_str(&format!(" in {call}()"));
+    }
+    if let Some(mount) = &c.mount {
+        text.push_str(&format!(" on {mount}"));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hangwatch_model::{Culprit, RankPlace};
+
+    fn verdict(kind: VerdictKind, node: &str) -> Verdict {
+        let mut v = Verdict::unknown("test");
+        v.kind = kind;
+        v.culprits.push(Culprit {
+            at: RankPlace {
+                rank: Some(0),
+                node: Some(node.into()),
+                pid: 42,
+                state: "D".into(),
+                syscall: Some("write".into()),
+                mount: Some("/gpfs".into()),
+                ..Default::default()
+            },
+            tid: None,
+            killable: Some(false),
+            kernel_stack: None,
+            reason: None,
+            worker: None,
+        });
+        v
+    }
+
+    fn input(
+        v: &Verdict,
+        restart: u32,
+        previous: Option<AttemptRecord>,
+        step: Option<u64>,
+    ) -> RequeueInput<'_> {
+        RequeueInput {
+            verdict: v,
+            restart_count: restart,
+            previous,
+            last_step: step,
+            max_requeues: 3,
+        }
+    }
+
+    #[test]
+    fn a_first_hang_in_the_kernel_excludes_its_node_and_requeues() {
+        let v = verdict(VerdictKind::BlockedInKernel, "n2");
+        match decide_requeue(&input(&v, 0, None, Some(120))) {
+            RequeueDecision::Requeue {
+                record,
+                newly_excluded,
+            } => {
+                assert_eq!(newly_excluded, vec!["n2"]);
+                assert_eq!(record.excluded, vec!["n2"]);
+                assert_eq!(record.attempt, 1);
+                assert_eq!(record.without_progress, 1);
+                assert_eq!(record.cause, "rank 0 on n2 in write() on /gpfs");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_python_deadlock_requeues_without_excluding_anything() {
+        let v = verdict(VerdictKind::Diverged, "n2");
+        match decide_requeue(&input(&v, 0, None, Some(5))) {
+            RequeueDecision::Requeue {
+                record,
+                newly_excluded,
+            } => {
+                assert!(newly_excluded.is_empty());
+                assert!(record.excluded.is_empty());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn hangs_without_progress_spend_the_budget_and_progress_refills_it() {
+        let v = verdict(VerdictKind::BlockedInKernel, "n3");
+        let mut previous = None;
+        let mut outcomes = Vec::new();
+        for restart in 0..4 {
+            let decision = decide_requeue(&input(&v, restart, previous.clone(), Some(100)));
+            let record = match &decision {
+                RequeueDecision::Requeue { record, .. } | RequeueDecision::GiveUp { record } => {
+                    record.clone()
+                }
+            };
+            outcomes.push(matches!(decision, RequeueDecision::Requeue { .. }));
+            previous = Some(record);
+        }
+        assert_eq!(
+            outcomes,
+            vec![true, true, true, false],
+            "3 requeues, then give up"
+        );
+
+        // A later step than the last hang's: the count starts again.
+        let prev = AttemptRecord {
+            without_progress: 3,
+            ..previous.clone().unwrap()
+        };
+        match decide_requeue(&input(&v, 4, Some(prev), Some(150))) {
+            RequeueDecision::Requeue { record, .. } => assert_eq!(record.without_progress, 1),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_steps_count_as_no_progress() {
+        let v = verdict(VerdictKind::BlockedInKernel, "n1");
+        let prev = AttemptRecord {
+            attempt: 1,
+            kind: VerdictKind::BlockedInKernel,
+            last_step: None,
+            without_progress: 3,
+            excluded: vec!["n2".into()],
+            cause: String::new(),
+        };
+        match decide_requeue(&input(&v, 1, Some(prev), None)) {
+            RequeueDecision::GiveUp { record } => {
+                assert_eq!(record.without_progress, 4);
+                assert_eq!(record.excluded, vec!["n2", "n1"]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_record_round_trips_through_a_comment_and_keeps_the_users_text() {
+        let record = AttemptRecord {
+            attempt: 2,
+            kind: VerdictKind::BlockedInKernel,
+            last_step: Some(1234),
+            without_progress: 1,
+            excluded: vec!["n2".into(), "n5".into()],
+            cause: "rank 0 on n2 in write() on /gpfs".into(),
+        };
+        let comment = record.into_comment("my experiment hangwatch: attempt=1 kind=busy step=- without_progress=1 excluded=- cause=-");
+        assert!(
+            comment.starts_with("my experiment hangwatch: attempt=2 "),
+            "{comment}"
+        );
+        assert_eq!(comment.matches(RECORD_MARK).count(), 1);
+        assert_eq!(AttemptRecord::from_comment(&comment), Some(record.clone()));
+        assert_eq!(
+            record.summary(),
+            "previous attempt (2) ended by hangwatch (blocked_in_kernel): rank 0 on n2 in write() on /gpfs; n2, n5 excluded"
+        );
+    }
+
+    #[test]
+    fn comments_without_a_record_or_with_a_broken_one_are_ignored() {
+        assert_eq!(AttemptRecord::from_comment(""), None);
+        assert_eq!(AttemptRecord::from_comment("(null)"), None);
+        assert_eq!(AttemptRecord::from_comment("hangwatch: attempt=x"), None);
+        assert_eq!(AttemptRecord::from_comment("hangwatch: kind=busy"), None);
+        assert_eq!(
+            AttemptRecord::from_comment("hangwatch: attempt=1 kind=frobnicated"),
+            None
+        );
+    }
+}
