@@ -24,7 +24,13 @@ the store's page fault waits on the superblock, in no system call and naming no 
 --only-rank R applies --log, --behaviour, --fs-op and --pause to rank R only, for launchers that give every rank the same
 arguments (`hangwatch run --nproc N`); --pause STEP:SECONDS sleeps before one step (a checkpoint-like pause).
 
-Dependency-free on purpose. Exits by itself when the process that started it dies.
+--checkpoint FILE --checkpoint-every N: rank 0 saves the step every N steps (write and rename); every rank starts
+from the saved step + 1 and prints `resumed at step S (attempt A)` (A from HANGWATCH_ATTEMPT, else 1). With --steps,
+the job ends at that step whatever attempt reaches it. --beat reports each step with hangwatch.beat(step) (the
+client from this repository's python/). In --log, {host} and {rank} stand for the host name and the rank.
+
+Dependency-free on purpose (--beat imports the repository's own client). Exits by itself when the process that
+started it dies.
 """
 
 import argparse
@@ -311,7 +317,28 @@ def parse_args():
                         "arguments, as under `hangwatch run --nproc N`)")
     p.add_argument("--pause", metavar="STEP:SECONDS",
                    help="sleep SECONDS before step STEP (an irregular step: a checkpoint or an eval)")
+    p.add_argument("--checkpoint", help="file rank 0 saves the step to, and every rank resumes from")
+    p.add_argument("--checkpoint-every", type=int, default=5, help="steps between checkpoints")
+    p.add_argument("--beat", action="store_true", help="hangwatch.beat(step) every step")
     return p.parse_args()
+
+
+def resume_step(path):
+    """The step after the one saved in the checkpoint, 0 without one."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip()) + 1
+    except (OSError, ValueError):
+        return 0
+
+
+def save_checkpoint(path, step):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("%d\n" % step)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def main():
@@ -329,7 +356,14 @@ def main():
         threading.Thread(target=serve_barrier, args=(listener, world_size), name="barrier-server",
                          daemon=True).start()
     sock = connect(addr, port)
+    if args.log:
+        args.log = args.log.replace("{host}", socket.gethostname()).replace("{rank}", str(rank))
     log = open(args.log, "a") if args.log else None
+    beat = None
+    if args.beat:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "src"))
+        import hangwatch
+        beat = hangwatch.beat
     fs_op = FsOp(args.fs_op, args.fs_dir) if args.fs_op else None
 
     if args.behaviour == "mmap_stall":
@@ -340,6 +374,10 @@ def main():
 
     say("rank %d of %d ready (pid %d)" % (rank, world_size, os.getpid()))
     step = 0
+    if args.checkpoint:
+        step = resume_step(args.checkpoint)
+        say("resumed at step %d (attempt %s)" % (step, os.environ.get("HANGWATCH_ATTEMPT", "1")))
+    first_step = step
     while args.steps == 0 or step < args.steps:
         exit_if_orphaned()
         if step == args.after:
@@ -351,7 +389,7 @@ def main():
                 load_batch()
             elif args.behaviour == "exit":
                 if rank == 0:
-                    wait_until_delivered(step)
+                    wait_until_delivered(step - first_step)
                 say("exiting with code 3")
                 os._exit(3)
         if step == pause_step:
@@ -362,10 +400,14 @@ def main():
         if fs_op:
             fs_op.step(rank, step)
         barrier(sock, step)
+        if beat:
+            beat(step=step)
+        if args.checkpoint and rank == 0 and step % args.checkpoint_every == 0:
+            save_checkpoint(args.checkpoint, step)
         say("step %d" % step)
         step += 1
     if rank == 0:
-        wait_until_delivered(step)
+        wait_until_delivered(step - first_step)
     say("done")
 
 

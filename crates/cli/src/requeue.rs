@@ -1,11 +1,18 @@
-//! `--action requeue` on Slurm, at the edges: reading the job's record of earlier attempts at start, and after a
-//! hung attempt was ended, keeping the bad nodes out of the job, leaving the record for the next attempt and
-//! requeueing it (or giving up when the restart budget is spent). The decision is
-//! `hangwatch_diagnosis::requeue`'s; this module only talks to Slurm.
+//! `--action requeue` on Slurm, at the edges: reading the record of earlier attempts at start, and after a hung
+//! attempt was ended, submitting the next attempt with the bad nodes kept out (or giving up when the restart
+//! budget is spent). The decision is `hangwatch_diagnosis::requeue`'s; this module only talks to Slurm.
 //!
-//! Every `scontrol`/`squeue` runs as a child under a deadline: a slurmctld that does not answer must not hold
-//! hangwatch's exit. What could not be done is printed as the exact command an operator would run.
+//! The next attempt is a new job, not a requeue of this one: Slurm starts a requeued job again only once it has
+//! left COMPLETING on every node, which a rank stuck in D delays until the node gives up on it (KillWait +
+//! UnkillableStepTimeout, 90 s by default), and then holds it another 121 s (the credential lifetime) before a
+//! scheduler pass picks it up: 143 s on an idle test cluster, minutes on a real one. A new job with the same
+//! batch script and options, `--exclude`ing the bad nodes, runs in seconds (docs/requeue.md).
+//!
+//! Every `scontrol`/`sbatch` runs as a child under a deadline: a slurmctld that does not answer must not hold
+//! hangwatch's exit. What could not be done is printed as the exact commands an operator would run.
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -17,7 +24,8 @@ use hangwatch_model::Verdict;
 /// How long one Slurm command may take.
 const SLURM_DEADLINE: Duration = Duration::from_secs(15);
 
-/// Exit code of `run` when the job hung again and the restart budget is spent: not requeued (SPEC "Exit codes").
+/// Exit code of `run` when the job hung again and the restart budget is spent: no next attempt (SPEC "Exit
+/// codes").
 pub const EXIT_BUDGET_SPENT: i32 = 76;
 
 /// The environment variables a restarted attempt's ranks get, so that the job can tell it is a restart.
@@ -29,7 +37,7 @@ pub const ENV_EXCLUDED: &str = "HANGWATCH_EXCLUDED_NODES";
 #[derive(Debug, Clone)]
 pub struct SlurmJob {
     pub id: String,
-    /// `SLURM_RESTART_COUNT` (0 for the first attempt).
+    /// `SLURM_RESTART_COUNT` (0 unless Slurm itself requeued the job).
     pub restart_count: u32,
 }
 
@@ -42,19 +50,24 @@ impl SlurmJob {
             .unwrap_or(0);
         Some(Self { id, restart_count })
     }
-}
 
-/// The job's fields that matter here, as Slurm has them now.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct JobFields {
-    comment: String,
-    excluded: Vec<String>,
+    /// This attempt's number: one after the record's, else Slurm's restart count + 1.
+    pub fn attempt(&self, previous: Option<&AttemptRecord>) -> u32 {
+        previous.map_or(self.restart_count + 1, |p| p.attempt + 1)
+    }
 }
 
 /// Runs a Slurm command under the deadline; its stdout, or what went wrong in words.
-fn slurm(program: &str, args: &[String]) -> Result<String, String> {
+fn slurm(
+    program: &str,
+    args: &[String],
+    env: Option<&[(String, String)]>,
+) -> Result<String, String> {
     let mut command = Command::new(program);
     command.args(args);
+    if let Some(env) = env {
+        command.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
+    }
     match run_with_deadline(command, SLURM_DEADLINE) {
         Ok(ChildOutcome::Finished {
             status,
@@ -77,59 +90,83 @@ fn slurm(program: &str, args: &[String]) -> Result<String, String> {
             "no answer within {}s (is slurmctld reachable?)",
             SLURM_DEADLINE.as_secs()
         )),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(format!("{program}: {e}")),
     }
 }
 
-/// `squeue`'s view of the job: its excluded nodes and its comment (`%x|%k`: the comment last, since it may hold
-/// anything).
-fn read_job(id: &str) -> Result<JobFields, String> {
+/// A job as `scontrol show job -o` prints it: KEY=VALUE fields on one line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ShownJob {
+    fields: BTreeMap<String, String>,
+}
+
+impl ShownJob {
+    /// Splits at each ` Key=` whose key starts with a capital letter (Slurm's field names); anything else is
+    /// part of the value before it, so values with spaces (a command, a comment) stay whole.
+    fn parse(line: &str) -> Self {
+        let mut fields = BTreeMap::new();
+        let mut current: Option<(String, String)> = None;
+        for token in line.split_whitespace() {
+            let starts_field = token
+                .split_once('=')
+                .is_some_and(|(k, _)| k.starts_with(|c: char| c.is_ascii_uppercase()));
+            match (starts_field, current.as_mut()) {
+                (false, Some((_, value))) => {
+                    value.push(' ');
+                    value.push_str(token);
+                }
+                (false, None) => {}
+                (true, _) => {
+                    if let Some((k, v)) = current.take() {
+                        fields.insert(k, v);
+                    }
+                    let (k, v) = token.split_once('=').unwrap_or((token, ""));
+                    current = Some((k.to_string(), v.to_string()));
+                }
+            }
+        }
+        if let Some((k, v)) = current {
+            fields.insert(k, v);
+        }
+        Self { fields }
+    }
+
+    /// A field's value, `None` when absent or unset (`(null)`, `N/A`, empty).
+    fn get(&self, key: &str) -> Option<&str> {
+        self.fields
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty() && *v != "(null)" && *v != "N/A")
+    }
+
+    fn comment(&self) -> &str {
+        self.get("Comment").unwrap_or_default()
+    }
+
+    fn excluded(&self) -> Vec<String> {
+        self.get("ExcNodeList")
+            .map(crate::slurm::expand_hosts)
+            .unwrap_or_default()
+    }
+}
+
+fn show_job(id: &str) -> Result<ShownJob, String> {
     let out = slurm(
-        "squeue",
-        &[
-            "-h".into(),
-            "-j".into(),
-            id.into(),
-            "-o".into(),
-            "%x|%k".into(),
-        ],
+        "scontrol",
+        &["show".into(), "job".into(), "-o".into(), id.into()],
+        None,
     )?;
-    Ok(parse_job_line(out.lines().next().unwrap_or_default()))
+    Ok(ShownJob::parse(out.lines().next().unwrap_or_default()))
 }
 
-fn parse_job_line(line: &str) -> JobFields {
-    let (excluded, comment) = line.split_once('|').unwrap_or((line, ""));
-    let none = |v: &str| v.is_empty() || v == "(null)";
-    JobFields {
-        comment: if none(comment.trim()) {
-            String::new()
-        } else {
-            comment.trim().to_string()
-        },
-        excluded: if none(excluded.trim()) {
-            Vec::new()
-        } else {
-            expand_nodes(excluded.trim())
-        },
-    }
-}
-
-/// Node names from Slurm's host-list syntax (`n[1-3],gpu7`).
-fn expand_nodes(list: &str) -> Vec<String> {
-    crate::slurm::expand_hosts(list)
-}
-
-/// At the start of an attempt: what the previous one left, said in one line and exported to the ranks.
+/// At the start of an attempt: what the previous one left, said in one line.
 pub fn previous_attempt(job: &SlurmJob) -> Option<AttemptRecord> {
-    if job.restart_count == 0 {
-        return None;
-    }
-    match read_job(&job.id) {
-        Ok(fields) => {
-            let record = AttemptRecord::from_comment(&fields.comment)?;
+    match show_job(&job.id) {
+        Ok(shown) => {
+            let record = AttemptRecord::from_comment(shown.comment())?;
             say(format!(
-                "hangwatch: attempt {} of job {}: {}",
-                job.restart_count + 1,
+                "hangwatch: attempt {} (job {}): {}",
+                job.attempt(Some(&record)),
                 job.id,
                 record.summary()
             ));
@@ -137,8 +174,7 @@ pub fn previous_attempt(job: &SlurmJob) -> Option<AttemptRecord> {
         }
         Err(e) => {
             say(format!(
-                "hangwatch: attempt {} of job {}: could not read what the previous attempt left: {e}",
-                job.restart_count + 1,
+                "hangwatch: job {}: could not read what a previous attempt left: {e}",
                 job.id
             ));
             None
@@ -146,9 +182,9 @@ pub fn previous_attempt(job: &SlurmJob) -> Option<AttemptRecord> {
     }
 }
 
-/// The environment for a restarted attempt's ranks.
+/// The environment for this attempt's ranks.
 pub fn restart_env(job: &SlurmJob, previous: Option<&AttemptRecord>) -> Vec<(String, String)> {
-    let mut env = vec![(ENV_ATTEMPT.to_string(), (job.restart_count + 1).to_string())];
+    let mut env = vec![(ENV_ATTEMPT.to_string(), job.attempt(previous).to_string())];
     if let Some(p) = previous {
         env.push((ENV_PREVIOUS_KIND.to_string(), p.kind.as_str().to_string()));
         env.push((ENV_EXCLUDED.to_string(), p.excluded.join(",")));
@@ -156,29 +192,87 @@ pub fn restart_env(job: &SlurmJob, previous: Option<&AttemptRecord>) -> Vec<(Str
     env
 }
 
-/// One Slurm command to carry out, with what it is for.
+/// `sbatch` options that submit the next attempt as this one was: what `scontrol show job` keeps of the
+/// original command line (the batch script's own `#SBATCH` lines come with the script), plus the exclusions,
+/// the record, and appending to the same output files.
+fn next_attempt_options(shown: &ShownJob, excluded: &[String], comment: &str) -> Vec<String> {
+    let mut args = vec!["--parsable".to_string()];
+    let mut opt = |flag: &str, value: Option<&str>| {
+        if let Some(v) = value {
+            args.push(format!("{flag}={v}"));
+        }
+    };
+    opt("--job-name", shown.get("JobName"));
+    opt("--partition", shown.get("Partition"));
+    opt("--account", shown.get("Account"));
+    opt("--qos", shown.get("QOS"));
+    opt("--nodes", shown.get("NumNodes"));
+    opt(
+        "--ntasks-per-node",
+        shown
+            .get("NtasksPerN:B:S:C")
+            .and_then(|v| v.split(':').next())
+            .filter(|n| *n != "0"),
+    );
+    opt(
+        "--cpus-per-task",
+        shown.get("CPUs/Task").filter(|n| *n != "1"),
+    );
+    opt(
+        "--time",
+        shown.get("TimeLimit").filter(|t| *t != "UNLIMITED"),
+    );
+    opt("--mem", shown.get("MinMemoryNode").filter(|m| *m != "0"));
+    opt(
+        "--gres",
+        shown
+            .get("TresPerNode")
+            .map(|t| t.strip_prefix("gres:").unwrap_or(t)),
+    );
+    opt("--chdir", shown.get("WorkDir"));
+    opt("--output", shown.get("StdOut"));
+    opt("--error", shown.get("StdErr"));
+    if shown.get("Requeue") == Some("1") {
+        args.push("--requeue".into());
+    }
+    args.push("--open-mode=append".into());
+    if !excluded.is_empty() {
+        args.push(format!("--exclude={}", excluded.join(",")));
+    }
+    args.push(format!("--comment={comment}"));
+    args
+}
+
+/// The environment `sbatch` is run with: this process's, which is the job's, without the old job's Slurm
+/// variables (sbatch would read `SBATCH_*` as options, and `SLURM_*` would describe the wrong job); the
+/// cluster's configuration is kept.
+fn submission_env() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(k, _)| {
+            k == "SLURM_CONF"
+                || !(k.starts_with("SLURM_") || k.starts_with("SBATCH_") || k.starts_with("SRUN_"))
+        })
+        .collect()
+}
+
+/// One command to carry out, with what it is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Step {
+    program: &'static str,
     args: Vec<String>,
     what: String,
 }
 
 impl Step {
-    fn scontrol(what: impl Into<String>, args: &[&str]) -> Self {
-        Self {
-            args: args.iter().map(|a| a.to_string()).collect(),
-            what: what.into(),
-        }
-    }
-
     /// As an operator would type it.
     fn shell(&self) -> String {
         let quoted: Vec<String> = self
             .args
             .iter()
             .map(|a| {
-                if a.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "=,-_/.[]:".contains(c))
+                if !a.is_empty()
+                    && a.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "=,-_/.[]:%".contains(c))
                 {
                     a.clone()
                 } else {
@@ -186,65 +280,82 @@ impl Step {
                 }
             })
             .collect();
-        format!("scontrol {}", quoted.join(" "))
+        format!("{} {}", self.program, quoted.join(" "))
     }
 }
 
-/// The commands for `decision`, in order: the record and the exclusions first (they must be on the job before
-/// it can be scheduled again), the requeue last (it ends this step, hangwatch included).
-fn steps(job: &SlurmJob, fields: &JobFields, decision: &RequeueDecision, drain: bool) -> Vec<Step> {
-    let record = match decision {
-        RequeueDecision::Requeue { record, .. } | RequeueDecision::GiveUp { record } => record,
-    };
-    let mut out = vec![Step::scontrol(
-        "leave the record of this attempt on the job",
-        &[
-            "update",
-            &format!("JobId={}", job.id),
-            &format!("Comment={}", record.into_comment(&fields.comment)),
-        ],
-    )];
-    let RequeueDecision::Requeue { newly_excluded, .. } = decision else {
-        return out;
-    };
-    let mut excluded = fields.excluded.clone();
+/// The commands for the next attempt, in order.
+fn steps(
+    job: &SlurmJob,
+    shown: &ShownJob,
+    record: &AttemptRecord,
+    newly_excluded: &[String],
+    drain: bool,
+    script: &Path,
+    release_now: bool,
+) -> Vec<Step> {
+    let mut excluded = shown.excluded();
     for n in &record.excluded {
         if !excluded.contains(n) {
             excluded.push(n.clone());
         }
     }
-    if excluded != fields.excluded {
-        out.push(Step::scontrol(
-            format!(
-                "keep {} out of the next attempt",
-                record.excluded.join(", ")
-            ),
-            &[
-                "update",
-                &format!("JobId={}", job.id),
-                &format!("ExcNodeList={}", excluded.join(",")),
+    let mut sbatch = next_attempt_options(shown, &excluded, &record.into_comment(shown.comment()));
+    sbatch.push(script.display().to_string());
+    let mut out = vec![
+        Step {
+            program: "scontrol",
+            args: vec![
+                "write".into(),
+                "batch_script".into(),
+                job.id.clone(),
+                script.display().to_string(),
             ],
-        ));
-    }
+            what: "keep this job's batch script for the next attempt".into(),
+        },
+        Step {
+            program: "sbatch",
+            args: sbatch,
+            what: if excluded.is_empty() {
+                "submit the next attempt".into()
+            } else {
+                format!("submit the next attempt without {}", excluded.join(", "))
+            },
+        },
+    ];
     if drain {
         for node in newly_excluded {
-            out.push(Step::scontrol(
-                format!("drain {node}"),
-                &[
-                    "update",
-                    &format!("NodeName={node}"),
-                    "State=DRAIN",
-                    &format!("Reason=hangwatch: {}", record.cause),
+            out.push(Step {
+                program: "scontrol",
+                args: vec![
+                    "update".into(),
+                    format!("NodeName={node}"),
+                    "State=DRAIN".into(),
+                    format!("Reason=hangwatch: {}", record.cause),
                 ],
-            ));
+                what: format!("drain {node}"),
+            });
         }
     }
-    out.push(Step::scontrol("requeue the job", &["requeue", &job.id]));
+    if release_now {
+        // A rank that cannot be killed holds its step, so the batch script's srun, so this whole job (and its
+        // healthy nodes) until Slurm gives up on that rank. Cancelled, the job gives its other nodes back at
+        // once; only the stuck node stays COMPLETING. Last: it ends this process too.
+        out.push(Step {
+            program: "scancel",
+            args: vec![job.id.clone()],
+            what: format!(
+                "end job {} now, so that its healthy nodes are free for the next attempt",
+                job.id
+            ),
+        });
+    }
     out
 }
 
-/// After hangwatch ended a hung attempt: decides, and carries out what it can. Returns the exit code of `run`
-/// (75 when requeued or when requeueing failed, [`EXIT_BUDGET_SPENT`] when the budget is spent).
+/// After hangwatch ended a hung attempt: decides, and carries out what it can. Returns the exit code of `run`:
+/// 75 (this attempt hung; the next one is submitted, or could not be), [`EXIT_BUDGET_SPENT`] when the budget is
+/// spent. `dir` is node-local and private: the batch script is kept there.
 pub fn after_hang(
     job: &SlurmJob,
     verdict: &Verdict,
@@ -252,38 +363,88 @@ pub fn after_hang(
     last_step: Option<u64>,
     max_requeues: u32,
     drain: bool,
+    dir: &Path,
 ) -> i32 {
-    let fields = match read_job(&job.id) {
-        Ok(fields) => fields,
+    let shown = match show_job(&job.id) {
+        Ok(shown) => shown,
         Err(e) => {
             say(format!(
-                "hangwatch: cannot read job {} from Slurm ({e}); requeueing with what this attempt knows",
+                "hangwatch: cannot read job {} from Slurm ({e}); the next attempt cannot be submitted like it",
                 job.id
             ));
-            JobFields::default()
+            return hangwatch_agent::supervise::EXIT_HUNG;
         }
     };
+    let attempt = job.attempt(previous.as_ref());
     let decision = decide_requeue(&RequeueInput {
         verdict,
-        restart_count: job.restart_count,
+        attempt,
         previous,
         last_step,
         max_requeues,
     });
-    let steps = steps(job, &fields, &decision, drain);
+    let (record, newly_excluded) = match decision {
+        RequeueDecision::GiveUp { record } => {
+            say(format!(
+                "hangwatch: job {} hung {} times in a row without progress (--max-requeues {max_requeues}): no \
+                 next attempt (exit {EXIT_BUDGET_SPENT})",
+                job.id, record.without_progress
+            ));
+            return EXIT_BUDGET_SPENT;
+        }
+        RequeueDecision::Requeue {
+            record,
+            newly_excluded,
+        } => (record, newly_excluded),
+    };
+    let script = dir.join(format!("batch-script-{}.sh", job.id));
+    let env = submission_env();
+    let release_now = verdict.kind == hangwatch_model::VerdictKind::NodeUnreachable
+        || verdict.culprits.iter().any(|c| c.killable == Some(false));
+    let steps = steps(
+        job,
+        &shown,
+        &record,
+        &newly_excluded,
+        drain,
+        &script,
+        release_now,
+    );
     let mut failed: Vec<&Step> = Vec::new();
     for step in &steps {
         if !failed.is_empty() {
-            // A later step without the earlier ones would requeue onto the bad node: leave them to the operator.
+            // Without the script there is nothing to submit; the operator gets the rest to run by hand.
             failed.push(step);
             continue;
         }
-        match slurm("scontrol", &step.args) {
-            Ok(_) => {
-                say(format!("hangwatch: {}: done ({})", step.what, step.shell()));
+        let env = (step.program == "sbatch").then_some(env.as_slice());
+        if step.program == "scancel" {
+            say(format!(
+                "hangwatch: ending job {} (exit 75 for this attempt; the stuck rank's node stays COMPLETING until \
+                 Slurm gives up on it)",
+                job.id
+            ));
+            hangwatch_agent::human::flush(Duration::from_secs(2));
+        }
+        match slurm(step.program, &step.args, env) {
+            Ok(out) if step.program == "sbatch" => {
+                let new_id = out.trim().split(';').next().unwrap_or_default().to_string();
+                say(format!(
+                    "hangwatch: attempt {} submitted as job {new_id}{}",
+                    attempt + 1,
+                    if record.excluded.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (without {})", record.excluded.join(", "))
+                    }
+                ));
+            }
+            Ok(_) => tracing::debug!(command = %step.shell(), "done"),
+            Err(e) if step.program == "scancel" => {
+                say(format!("hangwatch: cannot {}: {e}", step.what));
             }
             Err(e) => {
-                say(format!("hangwatch: {} failed: {e}", step.what));
+                say(format!("hangwatch: cannot {}: {e}", step.what));
                 failed.push(step);
             }
         }
@@ -295,17 +456,7 @@ pub fn after_hang(
             commands.join("\n")
         ));
     }
-    match decision {
-        RequeueDecision::GiveUp { record } => {
-            say(format!(
-                "hangwatch: job {} hung {} times in a row without progress (--max-requeues {max_requeues}): not \
-                 requeueing it again (exit {EXIT_BUDGET_SPENT})",
-                job.id, record.without_progress
-            ));
-            EXIT_BUDGET_SPENT
-        }
-        RequeueDecision::Requeue { .. } => hangwatch_agent::supervise::EXIT_HUNG,
-    }
+    hangwatch_agent::supervise::EXIT_HUNG
 }
 
 #[cfg(test)]
@@ -313,62 +464,93 @@ mod tests {
     use super::*;
     use hangwatch_model::VerdictKind;
 
+    const SHOWN: &str = "JobId=7 JobName=train job UserId=root(0) Priority=1 Account=(null) QOS=(null) \
+        JobState=RUNNING Requeue=1 Restarts=0 TimeLimit=01:00:00 Partition=debug ExcNodeList=n9 \
+        NodeList=n[1-2] NumNodes=2 NumCPUs=2 CPUs/Task=1 NtasksPerN:B:S:C=1:0:*:* MinMemoryNode=0 \
+        TresPerNode=gres:gpu:8 Command=/home/u/job.sh --lr 3e-4 WorkDir=/home/u \
+        Comment=my run hangwatch: attempt=1 kind=busy step=3 without_progress=1 excluded=- cause=rank 0 \
+        StdErr=/home/u/slurm-7.out StdOut=/home/u/slurm-7.out Power=";
+
     #[test]
-    fn squeue_lines_parse_with_and_without_exclusions_and_comments() {
-        assert_eq!(parse_job_line("(null)|(null)"), JobFields::default());
+    fn scontrol_show_job_parses_with_spaces_in_values() {
+        let shown = ShownJob::parse(SHOWN);
+        assert_eq!(shown.get("JobName"), Some("train job"));
+        assert_eq!(shown.get("Command"), Some("/home/u/job.sh --lr 3e-4"));
         assert_eq!(
-            parse_job_line("n[2-3]|my run | with pipes"),
-            JobFields {
-                comment: "my run | with pipes".into(),
-                excluded: vec!["n2".into(), "n3".into()],
-            }
+            shown.comment(),
+            "my run hangwatch: attempt=1 kind=busy step=3 without_progress=1 excluded=- cause=rank 0"
+        );
+        assert_eq!(shown.get("Account"), None);
+        assert_eq!(shown.excluded(), vec!["n9"]);
+        assert_eq!(
+            AttemptRecord::from_comment(shown.comment()).map(|r| r.attempt),
+            Some(1)
         );
     }
 
     #[test]
-    fn requeue_steps_put_the_record_and_exclusions_before_the_requeue() {
+    fn the_next_attempt_is_submitted_like_this_one_without_the_bad_nodes() {
+        let shown = ShownJob::parse(SHOWN);
         let job = SlurmJob {
-            id: "42".into(),
+            id: "7".into(),
             restart_count: 0,
         };
         let record = AttemptRecord {
-            attempt: 1,
+            attempt: 2,
             kind: VerdictKind::BlockedInKernel,
             last_step: Some(7),
             without_progress: 1,
             excluded: vec!["n2".into()],
-            cause: "rank 0 on n2 in write()".into(),
+            cause: "rank 1 on n2 in write()".into(),
         };
-        let fields = JobFields {
-            comment: String::new(),
-            excluded: vec!["n9".into()],
-        };
-        let decision = RequeueDecision::Requeue {
-            record: record.clone(),
-            newly_excluded: vec!["n2".into()],
-        };
-        let shells: Vec<String> = steps(&job, &fields, &decision, true)
-            .iter()
-            .map(Step::shell)
-            .collect();
+        let shells: Vec<String> = steps(
+            &job,
+            &shown,
+            &record,
+            &["n2".to_string()],
+            true,
+            Path::new("/var/tmp/hw/batch-script-7.sh"),
+            true,
+        )
+        .iter()
+        .map(Step::shell)
+        .collect();
         assert_eq!(shells.len(), 4, "{shells:#?}");
-        assert!(shells[0].starts_with("scontrol update JobId=42 'Comment=hangwatch: attempt=1 "));
-        assert_eq!(shells[1], "scontrol update JobId=42 ExcNodeList=n9,n2");
+        assert_eq!(shells[3], "scancel 7", "the stuck job is ended last");
+        assert_eq!(
+            shells[0],
+            "scontrol write batch_script 7 /var/tmp/hw/batch-script-7.sh"
+        );
+        assert_eq!(
+            shells[1],
+            "sbatch --parsable '--job-name=train job' --partition=debug --nodes=2 --ntasks-per-node=1 \
+             --time=01:00:00 --gres=gpu:8 --chdir=/home/u --output=/home/u/slurm-7.out \
+             --error=/home/u/slurm-7.out --requeue --open-mode=append --exclude=n9,n2 \
+             '--comment=my run hangwatch: attempt=2 kind=blocked_in_kernel step=7 without_progress=1 \
+             excluded=n2 cause=rank 1 on n2 in write()' /var/tmp/hw/batch-script-7.sh"
+        );
         assert_eq!(
             shells[2],
-            "scontrol update NodeName=n2 State=DRAIN 'Reason=hangwatch: rank 0 on n2 in write()'"
+            "scontrol update NodeName=n2 State=DRAIN 'Reason=hangwatch: rank 1 on n2 in write()'"
         );
-        assert_eq!(shells[3], "scontrol requeue 42");
+    }
 
-        let give_up = RequeueDecision::GiveUp { record };
-        let shells: Vec<String> = steps(&job, &fields, &give_up, true)
+    #[test]
+    fn the_attempt_number_follows_the_record_else_slurms_restarts() {
+        let job = SlurmJob {
+            id: "7".into(),
+            restart_count: 2,
+        };
+        assert_eq!(job.attempt(None), 3);
+        let record = AttemptRecord::from_comment("hangwatch: attempt=4 kind=busy").unwrap();
+        assert_eq!(job.attempt(Some(&record)), 5);
+    }
+
+    #[test]
+    fn the_submission_keeps_the_slurm_config_and_drops_the_old_jobs_variables() {
+        let env = submission_env();
+        assert!(env
             .iter()
-            .map(Step::shell)
-            .collect();
-        assert_eq!(
-            shells.len(),
-            1,
-            "giving up only leaves the record: {shells:#?}"
-        );
+            .all(|(k, _)| k == "SLURM_CONF" || !k.starts_with("SLURM_")));
     }
 }

@@ -184,3 +184,283 @@ fn an_sbatch_job_of_three_nodes_ends_with_75_and_every_node_names_the_frozen_nod
     }
     drop(frozen);
 }
+
+/// The job's tasks' output (every attempt appends to the same files).
+fn task_output(out: &Path) -> String {
+    let mut all = String::new();
+    for t in 0..3 {
+        for ext in ["out", "err"] {
+            let text =
+                std::fs::read_to_string(out.join(format!("task-{t}.{ext}"))).unwrap_or_default();
+            all.push_str(&format!("--- task {t} {ext} ---\n{text}\n"));
+        }
+    }
+    all.push_str(&format!(
+        "--- batch ---\n{}\n",
+        std::fs::read_to_string(out.join("batch.out")).unwrap_or_default()
+    ));
+    all
+}
+
+/// The first step of the attempt after `attempt`'s start line: `resumed at step S (attempt A)`.
+fn resumed_at(output: &str, attempt: u32) -> Option<u64> {
+    output.lines().find_map(|l| {
+        let rest = l.split("resumed at step ").nth(1)?;
+        let (step, tail) = rest.split_once(' ')?;
+        tail.contains(&format!("(attempt {attempt})"))
+            .then(|| step.parse().ok())
+            .flatten()
+    })
+}
+
+#[test]
+fn a_hung_job_runs_again_without_the_frozen_node_and_resumes_from_its_checkpoint() {
+    let py = require!(python());
+    let fs = require!(LoopExt4::new(64));
+    let cluster = match SlurmCluster::start(3) {
+        Ok(c) => c,
+        Err(why) if !hangwatch_testkit::strict_mode() => {
+            eprintln!("SKIPPED: no Slurm here: {why}");
+            return;
+        }
+        Err(why) => panic!("{why}"),
+    };
+    let work = tempfile::tempdir().expect("temporary directory");
+    let out = work.path();
+    let token = out.join("token");
+    std::fs::write(&token, "0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f6071\n").expect("token");
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod 600");
+    // Each node's ranks log under logs/<node>; n2's logs are on the loop-mounted ext4 that will freeze.
+    let logs = out.join("logs");
+    for node in ["n1", "n3"] {
+        std::fs::create_dir_all(logs.join(node)).expect("log directory");
+    }
+    std::os::unix::fs::symlink(fs.path(), logs.join("n2")).expect("n2's logs on the loop mount");
+    let checkpoint = out.join("checkpoint");
+    let steps = 60;
+    let script = format!(
+        "#!/bin/bash\n\
+         srun --ntasks-per-node=1 --open-mode=append --output={out}/task-%t.out --error={out}/task-%t.err \\\n  \
+         {BIN} run --host-coordinator --token-file {token} --nproc 1 --stall-after {STALL_AFTER} --grace 2s \\\n  \
+         --action requeue -- {py} {rank} --step-time 0.2 --steps {steps} --beat \\\n  \
+         --log {logs}/{{host}}/rank{{rank}}.log --checkpoint {checkpoint} --checkpoint-every 5\n",
+        out = out.display(),
+        token = token.display(),
+        py = py.display(),
+        rank = hangwatch_testkit::rank_script().display(),
+        logs = logs.display(),
+        checkpoint = checkpoint.display(),
+    );
+    let script_path = out.join("job.sh");
+    std::fs::write(&script_path, script).expect("job script");
+    let submitted = cluster
+        .command("sbatch")
+        .args([
+            "--parsable",
+            "--requeue",
+            "--open-mode=append",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "-o",
+        ])
+        .arg(out.join("batch.out"))
+        .arg(&script_path)
+        .output()
+        .expect("sbatch runs");
+    assert!(
+        submitted.status.success(),
+        "sbatch: {}",
+        String::from_utf8_lossy(&submitted.stderr)
+    );
+    let job = String::from_utf8_lossy(&submitted.stdout)
+        .trim()
+        .to_string();
+    let saved = || {
+        std::fs::read_to_string(&checkpoint)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    assert!(
+        wait_until(Duration::from_secs(120), POLL, || {
+            saved() >= Some(10)
+                || SlurmCluster::field(&cluster.job(&job), "JobState").as_deref() == Some("FAILED")
+        }) && saved() >= Some(10),
+        "no checkpoint at step 10; job: {}\n{}",
+        cluster.job(&job),
+        task_output(out)
+    );
+    let line = cluster.job(&job);
+    let nodes = SlurmCluster::field(&line, "NodeList").unwrap_or_default();
+    assert!(
+        nodes.contains("n2") || nodes == "n[1-2]" || nodes == "n[2-3]",
+        "the first attempt is not on n2 (the test freezes n2's logs): {line}"
+    );
+    let frozen = require!(fs.freeze());
+    let frozen_at = Instant::now();
+
+    // Ended, the next attempt submitted without n2, resumed from the checkpoint.
+    let resumed = wait_until(Duration::from_secs(240), Duration::from_millis(200), || {
+        resumed_at(&task_output(out), 2).is_some()
+    });
+    let resumed_after = frozen_at.elapsed();
+    let all = task_output(out);
+    assert!(
+        resumed,
+        "no second attempt resumed: {}\n{all}",
+        cluster.job(&job)
+    );
+    eprintln!(
+        "freeze -> first step of the next attempt: {:.1}s",
+        resumed_after.as_secs_f64()
+    );
+    let step = resumed_at(&all, 2).unwrap_or_default();
+    assert!(step > 0, "the next attempt started from scratch:\n{all}");
+    let next = all
+        .lines()
+        .find_map(|l| l.split("attempt 2 submitted as job ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no next attempt was submitted:\n{all}"))
+        .to_string();
+    // The old job was ended at once (its rank on n2 cannot be killed, and would hold n1 too).
+    let old = cluster.job(&job);
+    assert!(
+        matches!(
+            SlurmCluster::field(&old, "JobState").as_deref(),
+            Some("CANCELLED" | "COMPLETING")
+        ),
+        "{old}"
+    );
+    let line = cluster.job(&next);
+    assert!(
+        SlurmCluster::field(&line, "ExcNodeList").is_some_and(|x| x.contains("n2")),
+        "n2 is not excluded from the next attempt: {line}"
+    );
+    assert!(
+        all.contains(
+            "previous attempt (1) ended by hangwatch (blocked_in_kernel): rank 1 on n2 in write()"
+        ),
+        "the next attempt does not say what happened to the previous one:\n{all}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(120), Duration::from_millis(200), || {
+            SlurmCluster::field(&cluster.job(&next), "JobState").as_deref() == Some("COMPLETED")
+        }),
+        "the resumed job did not finish: {}\n{}",
+        cluster.job(&next),
+        task_output(out)
+    );
+    let line = cluster.job(&next);
+    let nodes = SlurmCluster::field(&line, "NodeList").unwrap_or_default();
+    assert!(
+        !nodes.contains("n2") && nodes != "n[1-2]" && nodes != "n[2-3]",
+        "{line}"
+    );
+    drop(frozen);
+}
+
+#[test]
+fn a_job_that_hangs_again_without_progress_stops_after_its_restart_budget_with_76() {
+    let py = require!(python());
+    let cluster = match SlurmCluster::start(2) {
+        Ok(c) => c,
+        Err(why) if !hangwatch_testkit::strict_mode() => {
+            eprintln!("SKIPPED: no Slurm here: {why}");
+            return;
+        }
+        Err(why) => panic!("{why}"),
+    };
+    let work = tempfile::tempdir().expect("temporary directory");
+    let out = work.path();
+    // Rank 0 deadlocks at step 3 of every attempt: a hang that follows the job wherever it runs.
+    let script = format!(
+        "#!/bin/bash\n\
+         {BIN} run --nproc 3 --stall-after {STALL_AFTER} --grace 2s --action requeue --max-requeues 1 \\\n  \
+         -- {py} {rank} --step-time 0.1 --beat --behaviour lock --after 3 --only-rank 0\n",
+        py = py.display(),
+        rank = hangwatch_testkit::rank_script().display(),
+    );
+    let script_path = out.join("job.sh");
+    std::fs::write(&script_path, script).expect("job script");
+    let submitted = cluster
+        .command("sbatch")
+        .args([
+            "--parsable",
+            "--requeue",
+            "--open-mode=append",
+            "--nodes=1",
+            "-o",
+        ])
+        .arg(out.join("batch.out"))
+        .arg(&script_path)
+        .output()
+        .expect("sbatch runs");
+    assert!(
+        submitted.status.success(),
+        "sbatch: {}",
+        String::from_utf8_lossy(&submitted.stderr)
+    );
+    let first = String::from_utf8_lossy(&submitted.stdout)
+        .trim()
+        .to_string();
+    let output = || std::fs::read_to_string(out.join("batch.out")).unwrap_or_default();
+    let next = |text: &str| {
+        text.lines()
+            .find_map(|l| l.split("attempt 2 submitted as job ").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_string)
+    };
+    assert!(
+        wait_until(Duration::from_secs(120), Duration::from_millis(200), || {
+            next(&output()).is_some()
+        }),
+        "no second attempt: {}\n{}",
+        cluster.job(&first),
+        output()
+    );
+    let second = next(&output()).unwrap_or_default();
+    let over = |id: &str| {
+        !matches!(
+            SlurmCluster::field(&cluster.job(id), "JobState").as_deref(),
+            Some("RUNNING" | "PENDING" | "CONFIGURING" | "COMPLETING") | None
+        )
+    };
+    assert!(
+        wait_until(
+            Duration::from_secs(120),
+            Duration::from_millis(200),
+            || over(&first) && over(&second)
+        ),
+        "the attempts did not end: {}\n{}\n{}",
+        cluster.job(&first),
+        cluster.job(&second),
+        output()
+    );
+    let text = output();
+    let one = cluster.job(&first);
+    let two = cluster.job(&second);
+    assert_eq!(
+        SlurmCluster::field(&one, "ExitCode").as_deref(),
+        Some("75:0"),
+        "{one}\n{text}"
+    );
+    assert_eq!(
+        SlurmCluster::field(&two, "ExitCode").as_deref(),
+        Some("76:0"),
+        "{two}\n{text}"
+    );
+    assert!(
+        text.contains(
+            "hung 2 times in a row without progress (--max-requeues 1): no next attempt (exit 76)"
+        ),
+        "{text}"
+    );
+    assert!(
+        !text.contains("attempt 3 submitted"),
+        "a third attempt was submitted:\n{text}"
+    );
+    assert!(
+        text.contains("previous attempt (1) ended by hangwatch (diverged)"),
+        "the second attempt does not say what happened to the first:\n{text}"
+    );
+}

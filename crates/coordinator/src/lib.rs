@@ -611,6 +611,7 @@ mod tests {
             kernel_stack: None,
             reason: None,
             worker: None,
+            exit_code: None,
         });
         let rows = |v: &Verdict| v.ranks.iter().filter_map(|r| r.rank).collect::<Vec<_>>();
         let n2 = verdict_for_node(&full, "n2");

@@ -13,10 +13,13 @@ pub enum OnHang {
 }
 
 /// Evidence strong enough to act on at the soft threshold: a rank blocked in the kernel on a filesystem that
-/// does not answer (or in D), a stopped rank, or a rank that died. Anything less waits for the hard threshold.
+/// does not answer (or in D), a stopped rank, or a rank that died. A rank that exited with 0 did not die: it
+/// finished (its peers may still save a last checkpoint, for minutes); that waits for the hard threshold, like
+/// anything less.
 pub fn is_conclusive(verdict: &Verdict) -> bool {
     match verdict.kind {
-        VerdictKind::Stopped | VerdictKind::Exited => true,
+        VerdictKind::Stopped => true,
+        VerdictKind::Exited => verdict.culprits.iter().any(|c| c.exit_code != Some(0)),
         VerdictKind::BlockedInKernel => {
             verdict
                 .filesystems
@@ -84,6 +87,7 @@ mod tests {
             kernel_stack: None,
             reason: None,
             worker: None,
+            exit_code: None,
         });
         assert!(is_conclusive(&d));
         assert!(
@@ -95,5 +99,33 @@ mod tests {
         gone.kind = VerdictKind::NodeUnreachable;
         assert!(!is_conclusive(&gone));
         assert!(is_conclusive_for_job(&gone));
+    }
+
+    #[test]
+    fn a_rank_that_finished_cleanly_is_not_conclusive_one_that_failed_is() {
+        let exited = |code: Option<i32>| {
+            let mut v = Verdict::unknown("x");
+            v.kind = VerdictKind::Exited;
+            v.culprits.push(Culprit {
+                at: RankPlace::default(),
+                tid: None,
+                killable: None,
+                kernel_stack: None,
+                reason: None,
+                worker: None,
+                exit_code: code,
+            });
+            v
+        };
+        assert!(
+            !is_conclusive(&exited(Some(0))),
+            "a peer saving its last checkpoint after the others finished is not a hang"
+        );
+        assert!(is_conclusive(&exited(Some(1))));
+        assert!(is_conclusive(&exited(Some(137))), "killed by SIGKILL");
+        assert!(
+            is_conclusive(&exited(None)),
+            "an exit seen without its status"
+        );
     }
 }

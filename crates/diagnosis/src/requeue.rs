@@ -2,8 +2,8 @@
 //! restart budget allows another attempt, and the record of this attempt that the next one reads. Pure: the
 //! caller reads the Slurm job and carries out the commands (under deadlines).
 //!
-//! The record lives on the Slurm job itself (its `Comment`), because the next attempt may run on other nodes:
-//! node-local state would not reach it, and a shared filesystem may be the one that froze.
+//! The record travels with the job in Slurm (the next attempt's `Comment`), because the next attempt may run on
+//! other nodes: node-local state would not reach it, and a shared filesystem may be the one that froze.
 
 use hangwatch_model::{Verdict, VerdictKind};
 
@@ -151,8 +151,8 @@ fn kind_named(name: &str) -> Option<VerdictKind> {
 #[derive(Debug, Clone)]
 pub struct RequeueInput<'a> {
     pub verdict: &'a Verdict,
-    /// `SLURM_RESTART_COUNT` of this attempt (0 for the first).
-    pub restart_count: u32,
+    /// This attempt's number, from 1.
+    pub attempt: u32,
     /// The record the previous attempt left, if any.
     pub previous: Option<AttemptRecord>,
     /// The furthest step this attempt's ranks reported.
@@ -220,7 +220,7 @@ pub fn decide_requeue(input: &RequeueInput<'_>) -> RequeueDecision {
         .collect();
     excluded.extend(newly_excluded.iter().cloned());
     let record = AttemptRecord {
-        attempt: input.restart_count + 1,
+        attempt: input.attempt,
         kind: input.verdict.kind,
         last_step: input.last_step.max(previous.and_then(|p| p.last_step)),
         without_progress,
@@ -237,10 +237,10 @@ pub fn decide_requeue(input: &RequeueInput<'_>) -> RequeueDecision {
     }
 }
 
-/// "rank 0 on n2 in write() on /gpfs" from the verdict's first culprit, or its kind.
+/// "rank 0 on n2 in write() on /gpfs" from the verdict's first culprit, or its summary when it names none.
 fn cause_of(verdict: &Verdict) -> String {
     let Some(c) = verdict.culprits.first() else {
-        return verdict.kind.as_str().replace('_', " ");
+        return verdict.summary.clone();
     };
     let mut text = match c.rank {
         Some(rank) => format!("rank {rank}"),
@@ -281,6 +281,7 @@ mod tests {
             kernel_stack: None,
             reason: None,
             worker: None,
+            exit_code: None,
         });
         v
     }
@@ -293,7 +294,7 @@ mod tests {
     ) -> RequeueInput<'_> {
         RequeueInput {
             verdict: v,
-            restart_count: restart,
+            attempt: restart + 1,
             previous,
             last_step: step,
             max_requeues: 3,

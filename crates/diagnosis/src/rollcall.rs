@@ -611,6 +611,9 @@ fn culprit(entry: &Entry, ctx: &Ctx, kind: VerdictKind) -> Culprit {
         kernel_stack: thread.and_then(|t| t.kernel_stack.clone()),
         reason: Some(reason),
         worker,
+        exit_code: (entry.position.condition == Condition::Exited)
+            .then_some(entry.process.exit_code)
+            .flatten(),
     }
 }
 

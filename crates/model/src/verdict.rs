@@ -188,6 +188,9 @@ pub struct Culprit {
     /// `syscall`, `path`, `mount` and `fstype` are then the worker's, `rank` and `node` the rank's.
     #[serde(default)]
     pub worker: Option<WorkerRef>,
+    /// How a rank that exited ended, as a shell reports it (128+N for signal N); `null` for a live rank.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
 }
 
 // Reads of a culprit's place (`culprit.rank`, `culprit.state`) go straight to the shared part.

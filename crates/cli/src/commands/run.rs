@@ -322,6 +322,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         outcome.last_step,
                         args.max_requeues,
                         args.drain_bad_nodes,
+                        &report_dir,
                     )
                 }
                 _ => code,
