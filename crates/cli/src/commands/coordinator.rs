@@ -37,7 +37,8 @@ pub struct Args {
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = parse_nonzero_duration)]
     silence: Duration,
     /// What to do about a hang: `abort` orders every node to end its ranks (they exit 75); `observe` only takes
-    /// the roll call and says the verdict.
+    /// the roll call and says the verdict; `requeue` is `abort` here (node rank 0's `run --action requeue`
+    /// submits the next attempt).
     #[arg(long, value_enum, default_value = "abort")]
     action: crate::commands::run::Action,
     /// Print the last verdict (or that there was no hang) as one JSON document on stdout at the end.

@@ -44,6 +44,8 @@ Examples:
   hangwatch run --nproc 8 -- python train.py        8 local ranks with torchrun's RANK/LOCAL_RANK/WORLD_SIZE/...
   hangwatch run -- torchrun --nproc-per-node 8 train.py   the launcher's Python descendants with RANK are the ranks
   hangwatch run --stall-after 5m --action observe -- python train.py
+  srun hangwatch run --host-coordinator --token-file F --action requeue --nproc 8 -- python train.py
+                                  a hang: the next attempt runs without the bad node (docs/requeue.md)
 
 Signals (Ctrl-C, scancel, a time limit): SIGINT/SIGTERM/SIGHUP go on to the job, after a bounded roll call when
 the job is stuck (its evidence is kept first); the job has --grace to end, then SIGKILL; a second signal kills at
@@ -82,7 +84,7 @@ pub struct Args {
     /// or the warm-up say; the job is ended if the rank's mount does not answer a write probe (0: off).
     #[arg(long, default_value = "15s", value_name = "DUR", value_parser = parse_duration)]
     fs_stall: Duration,
-    /// What to do about a hang.
+    /// What to do about a hang (requeue: exit 75 after submitting the next attempt, 76 when the budget is spent).
     #[arg(long, value_enum, default_value = "abort")]
     action: Action,
     /// With --action requeue: hung attempts in a row without progress (no step beyond the last hang's) after
