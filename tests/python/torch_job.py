@@ -46,11 +46,34 @@ class Tiny(torch.nn.Module):
         return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
 
 
+def beat_function():
+    """hangwatch.beat from this repository's client, or a no-op without it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "..", "..", "python", "src"))
+    try:
+        import hangwatch
+        return hangwatch.beat
+    except ImportError:
+        return lambda step=None: None
+
+
 def plain_loop(args, rank):
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     log = open(args.log, "a", buffering=1) if args.log and rank == 0 else None
+    if args.host_log:
+        # Every rank logs under a directory named after its node: a test freezes one node's directory.
+        import socket
+        node_dir = os.path.join(args.host_log, socket.gethostname())
+        log = open(os.path.join(node_dir, f"rank{rank}.log"), "a", buffering=1)
+    beat = beat_function()
     step = 0
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        state = torch.load(args.checkpoint)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step = state["step"]
+        print(f"rank {rank} resumed at step {step} (attempt {os.environ.get('HANGWATCH_ATTEMPT', '1')})", flush=True)
     for epoch in range(args.epochs):
         loader = DataLoader(Numbers(item_time=args.item_time), batch_size=16, num_workers=args.workers)
         for batch in loader:
@@ -61,6 +84,13 @@ def plain_loop(args, rank):
                 dist.all_reduce(p.grad)
             opt.step()
             step += 1
+            beat(step=step)
+            if args.checkpoint and rank == 0 and step % args.save_steps == 0:
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
+                           args.checkpoint + ".tmp")
+                os.replace(args.checkpoint + ".tmp", args.checkpoint)
+            if args.steps and step >= args.steps:
+                return
             if log:
                 log.write(f"epoch {epoch} step {step} loss {loss.item():.3f}\n")
             if args.pause and step == args.pause[0]:
@@ -98,6 +128,9 @@ def main():
     parser.add_argument("--trainer", action="store_true", help="train with the Hugging Face Trainer")
     parser.add_argument("--output-dir", help="Trainer checkpoints")
     parser.add_argument("--save-steps", type=int, default=50)
+    parser.add_argument("--checkpoint", help="plain loop: rank 0 saves here every --save-steps; all resume from it")
+    parser.add_argument("--host-log", help="plain loop: every rank appends to HOST_LOG/<hostname>/rank<R>.log")
+    parser.add_argument("--steps", type=int, default=0, help="plain loop: stop after this step (0: --epochs)")
     args = parser.parse_args()
     if args.trainer:
         trainer_loop(args, int(os.environ.get("RANK", "0")))

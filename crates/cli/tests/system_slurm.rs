@@ -47,6 +47,42 @@ impl SlurmCluster {
         Ok(cluster)
     }
 
+    /// A cluster of `nodes`, or `None` (the test is skipped, said on stderr) where Slurm cannot run and the
+    /// test kit is not strict.
+    fn start_or_skip(nodes: u32) -> Option<SlurmCluster> {
+        match SlurmCluster::start(nodes) {
+            Ok(c) => Some(c),
+            Err(why) if !hangwatch_testkit::strict_mode() => {
+                eprintln!("SKIPPED: no Slurm here: {why}");
+                None
+            }
+            Err(why) => panic!("{why}"),
+        }
+    }
+
+    /// Submits `script` (written to `out/job.sh`) with `options`, its output to `out/batch.out`; the job id.
+    fn submit(&self, out: &Path, script: &str, options: &[&str]) -> String {
+        let path = out.join("job.sh");
+        std::fs::write(&path, script).expect("job script");
+        let submitted = self
+            .command("sbatch")
+            .arg("--parsable")
+            .args(options)
+            .arg("-o")
+            .arg(out.join("batch.out"))
+            .arg(&path)
+            .output()
+            .expect("sbatch runs");
+        assert!(
+            submitted.status.success(),
+            "sbatch: {}",
+            String::from_utf8_lossy(&submitted.stderr)
+        );
+        String::from_utf8_lossy(&submitted.stdout)
+            .trim()
+            .to_string()
+    }
+
     fn command(&self, program: &str) -> Command {
         let mut cmd = Command::new(program);
         cmd.env("SLURM_CONF", &self.conf);
@@ -87,13 +123,8 @@ fn scripts() -> PathBuf {
 fn an_sbatch_job_of_three_nodes_ends_with_75_and_every_node_names_the_frozen_node() {
     let py = require!(python());
     let fs = require!(LoopExt4::new(64));
-    let cluster = match SlurmCluster::start(3) {
-        Ok(c) => c,
-        Err(why) if !hangwatch_testkit::strict_mode() => {
-            eprintln!("SKIPPED: no Slurm here: {why}");
-            return;
-        }
-        Err(why) => panic!("{why}"),
+    let Some(cluster) = SlurmCluster::start_or_skip(3) else {
+        return;
     };
     let work = tempfile::tempdir().expect("temporary directory");
     let token = work.path().join("token");
@@ -114,23 +145,7 @@ fn an_sbatch_job_of_three_nodes_ends_with_75_and_every_node_names_the_frozen_nod
         rank = hangwatch_testkit::rank_script().display(),
         log = log.display(),
     );
-    let script_path = out.join("job.sh");
-    std::fs::write(&script_path, script).expect("job script");
-    let submitted = cluster
-        .command("sbatch")
-        .args(["--parsable", "--nodes=3", "--ntasks-per-node=1", "-o"])
-        .arg(out.join("batch.out"))
-        .arg(&script_path)
-        .output()
-        .expect("sbatch runs");
-    assert!(
-        submitted.status.success(),
-        "sbatch: {}",
-        String::from_utf8_lossy(&submitted.stderr)
-    );
-    let job = String::from_utf8_lossy(&submitted.stdout)
-        .trim()
-        .to_string();
+    let job = cluster.submit(out, &script, &["--nodes=3", "--ntasks-per-node=1"]);
     let tasks_err =
         |t: u32| std::fs::read_to_string(out.join(format!("task-{t}.err"))).unwrap_or_default();
     assert!(
@@ -217,13 +232,8 @@ fn resumed_at(output: &str, attempt: u32) -> Option<u64> {
 fn a_hung_job_runs_again_without_the_frozen_node_and_resumes_from_its_checkpoint() {
     let py = require!(python());
     let fs = require!(LoopExt4::new(64));
-    let cluster = match SlurmCluster::start(3) {
-        Ok(c) => c,
-        Err(why) if !hangwatch_testkit::strict_mode() => {
-            eprintln!("SKIPPED: no Slurm here: {why}");
-            return;
-        }
-        Err(why) => panic!("{why}"),
+    let Some(cluster) = SlurmCluster::start_or_skip(3) else {
+        return;
     };
     let work = tempfile::tempdir().expect("temporary directory");
     let out = work.path();
@@ -252,30 +262,16 @@ fn a_hung_job_runs_again_without_the_frozen_node_and_resumes_from_its_checkpoint
         logs = logs.display(),
         checkpoint = checkpoint.display(),
     );
-    let script_path = out.join("job.sh");
-    std::fs::write(&script_path, script).expect("job script");
-    let submitted = cluster
-        .command("sbatch")
-        .args([
-            "--parsable",
+    let job = cluster.submit(
+        out,
+        &script,
+        &[
             "--requeue",
             "--open-mode=append",
             "--nodes=2",
             "--ntasks-per-node=1",
-            "-o",
-        ])
-        .arg(out.join("batch.out"))
-        .arg(&script_path)
-        .output()
-        .expect("sbatch runs");
-    assert!(
-        submitted.status.success(),
-        "sbatch: {}",
-        String::from_utf8_lossy(&submitted.stderr)
+        ],
     );
-    let job = String::from_utf8_lossy(&submitted.stdout)
-        .trim()
-        .to_string();
     let saved = || {
         std::fs::read_to_string(&checkpoint)
             .ok()
@@ -362,13 +358,8 @@ fn a_hung_job_runs_again_without_the_frozen_node_and_resumes_from_its_checkpoint
 #[test]
 fn a_job_that_hangs_again_without_progress_stops_after_its_restart_budget_with_76() {
     let py = require!(python());
-    let cluster = match SlurmCluster::start(2) {
-        Ok(c) => c,
-        Err(why) if !hangwatch_testkit::strict_mode() => {
-            eprintln!("SKIPPED: no Slurm here: {why}");
-            return;
-        }
-        Err(why) => panic!("{why}"),
+    let Some(cluster) = SlurmCluster::start_or_skip(2) else {
+        return;
     };
     let work = tempfile::tempdir().expect("temporary directory");
     let out = work.path();
@@ -380,29 +371,11 @@ fn a_job_that_hangs_again_without_progress_stops_after_its_restart_budget_with_7
         py = py.display(),
         rank = hangwatch_testkit::rank_script().display(),
     );
-    let script_path = out.join("job.sh");
-    std::fs::write(&script_path, script).expect("job script");
-    let submitted = cluster
-        .command("sbatch")
-        .args([
-            "--parsable",
-            "--requeue",
-            "--open-mode=append",
-            "--nodes=1",
-            "-o",
-        ])
-        .arg(out.join("batch.out"))
-        .arg(&script_path)
-        .output()
-        .expect("sbatch runs");
-    assert!(
-        submitted.status.success(),
-        "sbatch: {}",
-        String::from_utf8_lossy(&submitted.stderr)
+    let first = cluster.submit(
+        out,
+        &script,
+        &["--requeue", "--open-mode=append", "--nodes=1"],
     );
-    let first = String::from_utf8_lossy(&submitted.stdout)
-        .trim()
-        .to_string();
     let output = || std::fs::read_to_string(out.join("batch.out")).unwrap_or_default();
     let next = |text: &str| {
         text.lines()

@@ -99,7 +99,13 @@ struct Pool {
 
 impl Pool {
     fn run(mut self, commands: mpsc::Receiver<Command>) {
+        let mut last_tend = Instant::now();
         loop {
+            // Tended once a second even while commands keep coming (a caller that reads every 500 ms).
+            if last_tend.elapsed() >= Duration::from_secs(1) {
+                last_tend = Instant::now();
+                self.tend();
+            }
             match commands.recv_timeout(Duration::from_secs(1)) {
                 Ok(Command::Prepare(pids)) => {
                     let mut pids = pids;
@@ -118,7 +124,7 @@ impl Pool {
                     let outcome = self.read(&pids, &options);
                     let _ = reply.send(outcome);
                 }
-                Err(RecvTimeoutError::Timeout) => self.tend(),
+                Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
