@@ -92,7 +92,7 @@ impl AttemptRecord {
                     record.attempt = value.parse().ok()?;
                     seen_attempt = true;
                 }
-                "kind" => record.kind = kind_named(value)?,
+                "kind" => record.kind = VerdictKind::from_name(value)?,
                 "step" => {
                     record.last_step = if value == "-" {
                         None
@@ -130,21 +130,6 @@ impl AttemptRecord {
             self.kind.as_str()
         )
     }
-}
-
-fn kind_named(name: &str) -> Option<VerdictKind> {
-    [
-        VerdictKind::BlockedInKernel,
-        VerdictKind::Stopped,
-        VerdictKind::Exited,
-        VerdictKind::Diverged,
-        VerdictKind::Busy,
-        VerdictKind::CollectiveHang,
-        VerdictKind::NodeUnreachable,
-        VerdictKind::Unknown,
-    ]
-    .into_iter()
-    .find(|k| k.as_str() == name)
 }
 
 /// What is known when a hung attempt has been ended.
@@ -200,17 +185,15 @@ pub fn bad_nodes(verdict: &Verdict) -> Vec<String> {
 /// Decides whether to requeue, and with which nodes kept out.
 pub fn decide_requeue(input: &RequeueInput<'_>) -> RequeueDecision {
     let previous = input.previous.as_ref();
-    let progressed = match (input.last_step, previous.and_then(|p| p.last_step)) {
-        (Some(now), Some(before)) => now > before,
-        // No earlier attempt hung: this one is the first without progress.
-        (_, None) if previous.is_none() => false,
-        // Steps unknown: a hang is counted as one without progress (the budget must bind even then).
-        _ => false,
-    };
-    let without_progress = if progressed || previous.is_none() {
-        1
-    } else {
-        previous.map_or(0, |p| p.without_progress) + 1
+    // Steps unknown on either side: a hang counts as one without progress (the budget must bind even then).
+    let progressed = matches!(
+        (input.last_step, previous.and_then(|p| p.last_step)),
+        (Some(now), Some(before)) if now > before
+    );
+    let without_progress = match previous {
+        Some(p) if !progressed => p.without_progress + 1,
+        // The first hang, or the first since progress.
+        _ => 1,
     };
     let newly: Vec<String> = bad_nodes(input.verdict);
     let mut excluded: Vec<String> = previous.map(|p| p.excluded.clone()).unwrap_or_default();

@@ -128,7 +128,7 @@ impl Pool {
                 Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        // Dropping the children closes their stdin: they exit when they next read it.
+        // The agent is exiting: dropping the children closes their stdin, and they exit when they next read it.
     }
 
     /// Spreads the wanted pids over the children (starting or stopping children as needed) and asks each child
@@ -143,7 +143,10 @@ impl Pool {
         let share = wanted.div_ceil(count.max(1)).max(1);
         let shares: Vec<Vec<i32>> = self.wanted.chunks(share).map(<[i32]>::to_vec).collect();
         let mut children = std::mem::take(&mut self.children);
-        children.truncate(shares.len());
+        // Children no longer needed are ended and handed to the orphan reaper (a dropped child would stay a zombie).
+        for extra in children.drain(shares.len().min(children.len())..) {
+            drop(extra.abandon());
+        }
         for (i, pids) in shares.into_iter().enumerate() {
             let child = match children.get_mut(i) {
                 Some(child) => child,
@@ -185,7 +188,7 @@ impl Pool {
         live
     }
 
-    /// Once a second while idle: takes in what the children said, prepares again what could not be prepared yet
+    /// Once a second: takes in what the children said, prepares again what could not be prepared yet
     /// (an interpreter still starting), and replaces children lost a while ago.
     fn tend(&mut self) {
         for child in &mut self.children {

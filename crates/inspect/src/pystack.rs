@@ -149,7 +149,7 @@ pub(crate) fn read_with(
     let mut kept: Vec<Reader> = Vec::new();
 
     loop {
-        while running.iter().filter(|r| !r.serving).count() < parallelism && !pending.is_empty() {
+        while running.iter().filter(|r| !r.serving()).count() < parallelism && !pending.is_empty() {
             let chunk: Vec<i32> = pending.drain(..chunk_size.min(pending.len())).collect();
             match Reader::start(&options.program, chunk.clone(), stacks) {
                 Ok(reader) => running.push(reader),
@@ -173,11 +173,11 @@ pub(crate) fn read_with(
         for mut reader in running {
             reader.pump(slice);
             for report in reader.take_done() {
-                outcome.by_prepared += usize::from(reader.serving);
+                outcome.by_prepared += usize::from(reader.serving());
                 outcome.reports.insert(report.pid, report);
             }
             if reader.answered() {
-                if reader.serving && !reader.eof {
+                if reader.serving() && !reader.eof {
                     kept.push(reader);
                 } else {
                     reader.reap();
@@ -255,7 +255,6 @@ pub(crate) struct Reader {
     child: Child,
     /// A serving child's stdin (non-blocking); `None` for a throwaway child.
     stdin: Option<std::process::ChildStdin>,
-    pub(crate) serving: bool,
     started: Instant,
     /// The pids of the current request.
     pids: Vec<i32>,
@@ -318,7 +317,6 @@ impl Reader {
         let now = Instant::now();
         Reader {
             child,
-            serving: stdin.is_some(),
             stdin,
             started: now,
             pids,
@@ -335,6 +333,11 @@ impl Reader {
             last_prepare: None,
             prepares: 0,
         }
+    }
+
+    /// A serving child, kept between roll calls (it has a stdin to take requests on).
+    pub(crate) fn serving(&self) -> bool {
+        self.stdin.is_some()
     }
 
     /// Sends a request to a serving child. Fails when the child does not take it (exited, or stuck with its
@@ -366,9 +369,6 @@ impl Reader {
                 self.prepares += 1;
                 self.last_prepare = Some(now);
                 self.preparing = pids.clone();
-                if self.preparing.is_empty() {
-                    self.prepared.clear();
-                }
                 self.prepared.retain(|p, _| pids.contains(p));
                 self.last_progress = now;
             }

@@ -29,6 +29,23 @@ pub enum VerdictKind {
 }
 
 impl VerdictKind {
+    /// Every kind.
+    pub const ALL: [VerdictKind; 8] = [
+        VerdictKind::BlockedInKernel,
+        VerdictKind::Stopped,
+        VerdictKind::Exited,
+        VerdictKind::Diverged,
+        VerdictKind::Busy,
+        VerdictKind::CollectiveHang,
+        VerdictKind::NodeUnreachable,
+        VerdictKind::Unknown,
+    ];
+
+    /// The kind with this [`VerdictKind::as_str`] name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+
     /// The name used in JSON and in human output.
     pub fn as_str(self) -> &'static str {
         match self {
