@@ -182,14 +182,26 @@ pub fn previous_attempt(job: &SlurmJob) -> Option<AttemptRecord> {
     }
 }
 
-/// The environment for this attempt's ranks.
-pub fn restart_env(job: &SlurmJob, previous: Option<&AttemptRecord>) -> Vec<(String, String)> {
-    let mut env = vec![(ENV_ATTEMPT.to_string(), job.attempt(previous).to_string())];
-    if let Some(p) = previous {
-        env.push((ENV_PREVIOUS_KIND.to_string(), p.kind.as_str().to_string()));
-        env.push((ENV_EXCLUDED.to_string(), p.excluded.join(",")));
+/// The variables that tell an attempt's ranks what came before it: what a next attempt is submitted with, so
+/// that every node of it has them (only node rank 0 reads the record).
+fn attempt_env(record: &AttemptRecord) -> [(String, String); 3] {
+    [
+        (ENV_ATTEMPT.to_string(), (record.attempt + 1).to_string()),
+        (
+            ENV_PREVIOUS_KIND.to_string(),
+            record.kind.as_str().to_string(),
+        ),
+        (ENV_EXCLUDED.to_string(), record.excluded.join(",")),
+    ]
+}
+
+/// What this attempt's ranks get besides the job's own environment: `HANGWATCH_ATTEMPT` on a first attempt (or
+/// one Slurm requeued by itself); a next attempt hangwatch submitted has all of [`attempt_env`] already.
+pub fn restart_env(job: &SlurmJob, get: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+    if get(ENV_ATTEMPT).is_some() {
+        return Vec::new();
     }
-    env
+    vec![(ENV_ATTEMPT.to_string(), job.attempt(None).to_string())]
 }
 
 /// `sbatch` options that submit the next attempt as this one was: what `scontrol show job` keeps of the
@@ -244,14 +256,17 @@ fn next_attempt_options(shown: &ShownJob, excluded: &[String], comment: &str) ->
 }
 
 /// The environment `sbatch` is run with: this process's, which is the job's, without the old job's Slurm
-/// variables (sbatch would read `SBATCH_*` as options, and `SLURM_*` would describe the wrong job); the
-/// cluster's configuration is kept.
-fn submission_env() -> Vec<(String, String)> {
+/// variables (sbatch would read `SBATCH_*` as options, and `SLURM_*` would describe the wrong job; the
+/// cluster's configuration is kept), with the next attempt's [`attempt_env`].
+fn submission_env(record: &AttemptRecord) -> Vec<(String, String)> {
+    let next = attempt_env(record);
     std::env::vars()
         .filter(|(k, _)| {
             k == "SLURM_CONF"
                 || !(k.starts_with("SLURM_") || k.starts_with("SBATCH_") || k.starts_with("SRUN_"))
         })
+        .filter(|(k, _)| !next.iter().any(|(n, _)| n == k))
+        .chain(next.iter().cloned())
         .collect()
 }
 
@@ -398,7 +413,7 @@ pub fn after_hang(
         } => (record, newly_excluded),
     };
     let script = dir.join(format!("batch-script-{}.sh", job.id));
-    let env = submission_env();
+    let env = submission_env(&record);
     let release_now = verdict.kind == hangwatch_model::VerdictKind::NodeUnreachable
         || verdict.culprits.iter().any(|c| c.killable == Some(false));
     let steps = steps(
@@ -547,10 +562,36 @@ mod tests {
     }
 
     #[test]
+    fn a_first_attempt_is_numbered_and_a_submitted_one_keeps_its_numbers() {
+        let job = SlurmJob {
+            id: "7".into(),
+            restart_count: 0,
+        };
+        assert_eq!(
+            restart_env(&job, |_| None),
+            vec![(ENV_ATTEMPT.to_string(), "1".to_string())]
+        );
+        assert!(restart_env(&job, |k| (k == ENV_ATTEMPT).then(|| "3".to_string())).is_empty());
+    }
+
+    #[test]
     fn the_submission_keeps_the_slurm_config_and_drops_the_old_jobs_variables() {
-        let env = submission_env();
+        let record =
+            AttemptRecord::from_comment("hangwatch: attempt=2 kind=stopped excluded=n2,n5")
+                .unwrap();
+        let env = submission_env(&record);
         assert!(env
             .iter()
             .all(|(k, _)| k == "SLURM_CONF" || !k.starts_with("SLURM_")));
+        let get = |k: &str| {
+            let mut values = env.iter().filter(|(n, _)| n == k).map(|(_, v)| v.as_str());
+            let value = values.next();
+            assert!(values.next().is_none(), "{k} twice");
+            value
+        };
+        // Every node of the next attempt gets them from the job's environment.
+        assert_eq!(get(ENV_ATTEMPT), Some("3"));
+        assert_eq!(get(ENV_PREVIOUS_KIND), Some("stopped"));
+        assert_eq!(get(ENV_EXCLUDED), Some("n2,n5"));
     }
 }

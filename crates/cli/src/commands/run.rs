@@ -206,7 +206,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .and_then(crate::requeue::previous_attempt);
     let restart_env = slurm_job
         .as_ref()
-        .map(|job| crate::requeue::restart_env(job, previous_attempt.as_ref()))
+        .map(|job| crate::requeue::restart_env(job, env))
         .unwrap_or_default();
     let coordination = coordination(
         &args,
