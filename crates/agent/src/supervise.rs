@@ -261,9 +261,9 @@ struct Supervisor {
     /// Stack readers kept ready, the rank pids they were last given, and a new set of pids not yet settled.
     stack_readers: Option<PreparedStacks>,
     stack_pids: Vec<i32>,
+    stack_candidate: Option<(Vec<i32>, Instant)>,
     /// The furthest step any rank reported.
     last_step: Option<u64>,
-    stack_candidate: Option<(Vec<i32>, Instant)>,
     link: Option<Link>,
     beat_slots: Option<crate::beats::BeatSlots>,
     last_slot_look: Option<Instant>,

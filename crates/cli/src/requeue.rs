@@ -270,10 +270,33 @@ fn submission_env(record: &AttemptRecord) -> Vec<(String, String)> {
         .collect()
 }
 
+/// What a step does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepKind {
+    /// `scontrol write batch_script`: the script the next attempt runs.
+    KeepScript,
+    /// `sbatch`: the next attempt (needs the kept script).
+    Submit,
+    /// `scontrol update NodeName=... State=DRAIN`.
+    Drain,
+    /// `scancel` of this attempt's job, last: it ends this process too.
+    EndThisJob,
+}
+
+impl StepKind {
+    fn program(self) -> &'static str {
+        match self {
+            StepKind::KeepScript | StepKind::Drain => "scontrol",
+            StepKind::Submit => "sbatch",
+            StepKind::EndThisJob => "scancel",
+        }
+    }
+}
+
 /// One command to carry out, with what it is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Step {
-    program: &'static str,
+    kind: StepKind,
     args: Vec<String>,
     what: String,
 }
@@ -295,7 +318,7 @@ impl Step {
                 }
             })
             .collect();
-        format!("{} {}", self.program, quoted.join(" "))
+        format!("{} {}", self.kind.program(), quoted.join(" "))
     }
 }
 
@@ -319,7 +342,7 @@ fn steps(
     sbatch.push(script.display().to_string());
     let mut out = vec![
         Step {
-            program: "scontrol",
+            kind: StepKind::KeepScript,
             args: vec![
                 "write".into(),
                 "batch_script".into(),
@@ -329,7 +352,7 @@ fn steps(
             what: "keep this job's batch script for the next attempt".into(),
         },
         Step {
-            program: "sbatch",
+            kind: StepKind::Submit,
             args: sbatch,
             what: if excluded.is_empty() {
                 "submit the next attempt".into()
@@ -341,7 +364,7 @@ fn steps(
     if drain {
         for node in newly_excluded {
             out.push(Step {
-                program: "scontrol",
+                kind: StepKind::Drain,
                 args: vec![
                     "update".into(),
                     format!("NodeName={node}"),
@@ -357,7 +380,7 @@ fn steps(
         // healthy nodes) until Slurm gives up on that rank. Cancelled, the job gives its other nodes back at
         // once; only the stuck node stays COMPLETING. Last: it ends this process too.
         out.push(Step {
-            program: "scancel",
+            kind: StepKind::EndThisJob,
             args: vec![job.id.clone()],
             what: format!(
                 "end job {} now, so that its healthy nodes are free for the next attempt",
@@ -427,13 +450,12 @@ pub fn after_hang(
     );
     let mut failed: Vec<&Step> = Vec::new();
     for step in &steps {
-        if !failed.is_empty() {
-            // Without the script there is nothing to submit; the operator gets the rest to run by hand.
+        if step.kind == StepKind::Submit && failed.iter().any(|f| f.kind == StepKind::KeepScript) {
+            // Without the script there is nothing to submit: the operator gets it to run by hand.
             failed.push(step);
             continue;
         }
-        let env = (step.program == "sbatch").then_some(env.as_slice());
-        if step.program == "scancel" {
+        if step.kind == StepKind::EndThisJob {
             say(format!(
                 "hangwatch: ending job {} (exit 75 for this attempt; the stuck rank's node stays COMPLETING until \
                  Slurm gives up on it)",
@@ -441,8 +463,9 @@ pub fn after_hang(
             ));
             hangwatch_agent::human::flush(Duration::from_secs(2));
         }
-        match slurm(step.program, &step.args, env) {
-            Ok(out) if step.program == "sbatch" => {
+        let env = (step.kind == StepKind::Submit).then_some(env.as_slice());
+        match slurm(step.kind.program(), &step.args, env) {
+            Ok(out) if step.kind == StepKind::Submit => {
                 let new_id = out.trim().split(';').next().unwrap_or_default().to_string();
                 say(format!(
                     "hangwatch: attempt {} submitted as job {new_id}{}",
@@ -455,9 +478,6 @@ pub fn after_hang(
                 ));
             }
             Ok(_) => tracing::debug!(command = %step.shell(), "done"),
-            Err(e) if step.program == "scancel" => {
-                say(format!("hangwatch: cannot {}: {e}", step.what));
-            }
             Err(e) => {
                 say(format!("hangwatch: cannot {}: {e}", step.what));
                 failed.push(step);
