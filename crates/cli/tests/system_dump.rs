@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hangwatch_testkit::{
-    process_state, require, wait_until, wchan, Behaviour, FuseMount, LoopExt4, RankGroup,
+    process_state, require, wait_until, wchan, FuseMount, LoopExt4, MmapStallGroup, RankGroup,
 };
 use serde_json::Value;
 
@@ -192,27 +192,10 @@ fn fuse_writer_with_stopped_daemon_is_blocked_on_an_unresponsive_mount() {
 #[test]
 fn dump_stays_responsive_when_a_rank_memory_map_is_locked() {
     let fs = require!(LoopExt4::new(64));
-    let mapped = fs.path().join("mapped.bin");
-    let trigger = tempfile::tempdir().unwrap();
-    let trigger_file = trigger.path().join("go");
-    let ranks = require!(RankGroup::builder(4)
-        .behaviour(
-            1,
-            Behaviour::MmapStall {
-                file: mapped.clone(),
-                trigger_file: Some(trigger_file.clone()),
-            },
-        )
-        .spawn());
-    ranks
-        .wait_for_line(1, "mmap ready", Duration::from_secs(60))
-        .expect("rank 1 maps its file");
+    let group = require!(MmapStallGroup::spawn(4, 1, &fs.path().join("mapped.bin")));
+    let ranks = &group.ranks;
     let _frozen = require!(fs.freeze());
-    std::fs::write(&trigger_file, b"go").unwrap();
-    ranks
-        .wait_for_line(1, "mmap unmapping", Duration::from_secs(20))
-        .expect("rank 1 starts the stall");
-    std::thread::sleep(Duration::from_millis(500));
+    group.lock().expect("rank 1 starts the stall");
 
     let (v, took) = dump(&ranks.pids());
     assert!(took < Duration::from_secs(8), "dump took {took:?}");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use hangwatch_inspect::prepared::PreparedStacks;
 use hangwatch_inspect::pystack::{read_python_processes, StackReadOptions, StackReadOutcome};
-use hangwatch_testkit::{require, wait_until, Behaviour, LoopExt4, RankGroup};
+use hangwatch_testkit::{require, wait_until, LoopExt4, MmapStallGroup, RankGroup};
 
 fn options() -> StackReadOptions {
     StackReadOptions {
@@ -118,32 +118,15 @@ fn a_rank_that_is_gone_is_reported_gone_and_the_others_are_read() {
 #[test]
 fn a_reader_stuck_on_a_locked_memory_map_is_abandoned_and_replaced() {
     let fs = require!(LoopExt4::new(64));
-    let mapped = fs.path().join("mapped.bin");
-    let trigger = tempfile::tempdir().unwrap();
-    let trigger_file = trigger.path().join("go");
-    let ranks = require!(RankGroup::builder(4)
-        .behaviour(
-            1,
-            Behaviour::MmapStall {
-                file: mapped.clone(),
-                trigger_file: Some(trigger_file.clone()),
-            },
-        )
-        .spawn());
-    ranks
-        .wait_for_line(1, "mmap ready", Duration::from_secs(60))
-        .expect("rank 1 maps its file");
-    let pids = pids_of(&ranks);
+    let group = require!(MmapStallGroup::spawn(4, 1, &fs.path().join("mapped.bin")));
+    let ranks = &group.ranks;
+    let pids = pids_of(ranks);
     let readers = readers();
     readers.prepare(&pids);
     assert_eq!(readers.read(&pids, &options()).by_prepared, 4);
 
     let frozen = require!(fs.freeze());
-    std::fs::write(&trigger_file, b"go").unwrap();
-    ranks
-        .wait_for_line(1, "mmap unmapping", Duration::from_secs(20))
-        .expect("rank 1 starts the stall");
-    std::thread::sleep(Duration::from_millis(500));
+    group.lock().expect("rank 1 starts the stall");
 
     let started = Instant::now();
     let outcome = readers.read(&pids, &options());

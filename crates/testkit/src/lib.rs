@@ -39,7 +39,8 @@ pub use procinfo::{
     is_dead, is_mount_point, process_state, state_from_stat, task_states, wchan, TaskState,
 };
 pub use ranks::{
-    python, rank_script, spawn_ranks, Behaviour, RankGroup, RankGroupBuilder, RankOptions,
+    python, rank_script, spawn_ranks, Behaviour, MmapStallGroup, RankGroup, RankGroupBuilder,
+    RankOptions,
 };
 
 /// Polls `condition` every `poll` until it is true (returns `true`) or `timeout` passes (returns `false`).

@@ -405,3 +405,50 @@ fn collect_text<R: Read + Send + 'static>(pipe: Option<R>, into: Arc<Mutex<Strin
         }
     });
 }
+
+/// A group whose rank `rank` maps a file on a mount the test will freeze (`Behaviour::MmapStall`), ready: it
+/// printed `mmap ready`. [`MmapStallGroup::lock`] then locks that rank's memory map behind the frozen mount.
+pub struct MmapStallGroup {
+    pub ranks: RankGroup,
+    rank: u32,
+    trigger_file: PathBuf,
+    /// Holds the trigger file's directory (removed on drop).
+    _trigger_dir: tempfile::TempDir,
+}
+
+impl MmapStallGroup {
+    /// `world_size` ranks, `rank` mapping `mapped` (put it on the mount to freeze).
+    pub fn spawn(world_size: u32, rank: u32, mapped: &Path) -> Result<Self> {
+        let trigger_dir =
+            tempfile::tempdir().map_err(TestkitError::io("a directory for the trigger file"))?;
+        let trigger_file = trigger_dir.path().join("go");
+        let ranks = RankGroup::builder(world_size)
+            .behaviour(
+                rank,
+                Behaviour::MmapStall {
+                    file: mapped.to_path_buf(),
+                    trigger_file: Some(trigger_file.clone()),
+                },
+            )
+            .spawn()?;
+        ranks.wait_for_line(rank, "mmap ready", Duration::from_secs(60))?;
+        Ok(Self {
+            ranks,
+            rank,
+            trigger_file,
+            _trigger_dir: trigger_dir,
+        })
+    }
+
+    /// Starts the stall (freeze the mount first): one thread of the rank blocks writing to the mapped page, and
+    /// the munmap of another waits behind it holding the memory-map lock. Returns once the munmap is under way.
+    pub fn lock(&self) -> Result<()> {
+        std::fs::write(&self.trigger_file, b"go")
+            .map_err(TestkitError::io("writing the trigger file"))?;
+        self.ranks
+            .wait_for_line(self.rank, "mmap unmapping", Duration::from_secs(20))?;
+        // The munmap takes the lock right after saying so.
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(())
+    }
+}
