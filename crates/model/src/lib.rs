@@ -6,9 +6,11 @@
 mod errors;
 mod node;
 mod observation;
+mod timeline;
 mod verdict;
 
 pub use errors::error_chain;
 pub use node::*;
 pub use observation::*;
+pub use timeline::*;
 pub use verdict::*;
