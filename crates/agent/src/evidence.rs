@@ -249,26 +249,16 @@ pub fn write_abandonable(
     files: &[EvidenceFile],
     deadline: std::time::Duration,
 ) -> Result<(), EvidenceError> {
-    use std::io::{Seek, Write};
-    use std::process::{Command, Stdio};
-    let fd = nix::sys::memfd::memfd_create(
-        c"hangwatch-evidence",
-        nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
-    )
-    .map_err(|e| EvidenceError::Prepare(e.into()))?;
-    let mut memfd = std::fs::File::from(fd);
-    serde_json::to_writer(&mut memfd, files)
-        .map_err(|e| EvidenceError::Prepare(std::io::Error::other(e)))?;
-    memfd.flush().map_err(EvidenceError::Prepare)?;
-    memfd.rewind().map_err(EvidenceError::Prepare)?;
-    let mut command = Command::new(program);
+    let input = serde_json::to_vec(files)
+        .map_err(|e| EvidenceError::Prepare(std::io::Error::other(e)))
+        .and_then(|bytes| {
+            hangwatch_inspect::child::input_from_bytes(c"hangwatch-evidence", &bytes)
+                .map_err(EvidenceError::Prepare)
+        })?;
+    let mut command = std::process::Command::new(program);
     command.arg("__write-evidence").arg(dir);
-    let outcome = hangwatch_inspect::child::run_with_deadline_and_input(
-        command,
-        Stdio::from(memfd),
-        deadline,
-    )
-    .map_err(EvidenceError::Start)?;
+    let outcome = hangwatch_inspect::child::run_with_deadline_and_input(command, input, deadline)
+        .map_err(EvidenceError::Start)?;
     match outcome {
         hangwatch_inspect::child::ChildOutcome::Finished { status, .. } if status.success() => {
             Ok(())

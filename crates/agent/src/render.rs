@@ -37,7 +37,7 @@ pub fn verdict_text(v: &Verdict) -> String {
     let mut s = String::new();
     let headline = match v.kind {
         VerdictKind::Unknown | VerdictKind::CollectiveHang => v.summary.clone(),
-        _ => format!("{}: {}", v.kind.as_str().replace('_', " "), v.summary),
+        _ => format!("{}: {}", v.kind.words(), v.summary),
     };
     let _ = writeln!(s, "{headline}");
     if let Some(stalled) = v.stalled_for_s {

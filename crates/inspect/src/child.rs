@@ -127,6 +127,17 @@ pub enum ChildError {
     },
 }
 
+/// A child's standard input holding `bytes`: a sealed-off memfd, written and rewound before the child starts, so
+/// that handing it over can never block (see [`run_with_deadline_and_input`]). `name` shows in /proc/PID/fd.
+pub fn input_from_bytes(name: &std::ffi::CStr, bytes: &[u8]) -> std::io::Result<Stdio> {
+    use std::io::{Seek, Write};
+    let fd = nix::sys::memfd::memfd_create(name, nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)?;
+    let mut memfd = std::fs::File::from(fd);
+    memfd.write_all(bytes)?;
+    memfd.rewind()?;
+    Ok(Stdio::from(memfd))
+}
+
 /// Runs `command` with piped stdout/stderr (stdin closed) and gives up on it after `deadline`.
 ///
 /// Never blocks longer than `deadline` (plus scheduling noise): the pipes are polled, never read blockingly, and

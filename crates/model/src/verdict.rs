@@ -46,6 +46,11 @@ impl VerdictKind {
         Self::ALL.into_iter().find(|k| k.as_str() == name)
     }
 
+    /// The kind in words for people: `blocked in kernel`.
+    pub fn words(self) -> String {
+        self.as_str().replace('_', " ")
+    }
+
     /// The name used in JSON and in human output.
     pub fn as_str(self) -> &'static str {
         match self {

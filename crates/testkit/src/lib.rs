@@ -26,6 +26,7 @@ mod loop_ext4;
 mod netns;
 mod procinfo;
 mod ranks;
+mod receiver;
 mod watchdog;
 
 use std::time::{Duration, Instant};
@@ -42,6 +43,7 @@ pub use ranks::{
     python, rank_script, spawn_ranks, Behaviour, MmapStallGroup, RankGroup, RankGroupBuilder,
     RankOptions,
 };
+pub use receiver::AlertReceiver;
 
 /// Polls `condition` every `poll` until it is true (returns `true`) or `timeout` passes (returns `false`).
 pub fn wait_until(timeout: Duration, poll: Duration, mut condition: impl FnMut() -> bool) -> bool {

@@ -1,0 +1,666 @@
+//! Alerts: telling people about a hang where they look — a chat webhook (Slack/Mattermost-compatible JSON), a
+//! Prometheus Alertmanager (v2 API), a command — each retried with backoff under a deadline, in threads of their
+//! own so that detection and termination never wait on them; the exit waits for them, bounded.
+
+mod payload;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+pub use payload::{
+    alertmanager_alerts, alertmanager_body, alertmanager_endpoint, chat_message, rfc3339, Alert,
+    AlertmanagerAlert, ChatMessage, Stage, ALERT_NAME,
+};
+use serde::Serialize;
+
+/// Where alerts go, as the user gave it.
+#[derive(Debug, Clone, Default)]
+pub struct Targets {
+    /// `http://` or `https://` URL that takes a Slack-style JSON POST.
+    pub webhook: Option<String>,
+    /// Alertmanager's URL (`http://am:9093`); `/api/v2/alerts` is added.
+    pub alertmanager: Option<String>,
+    /// Run with `sh -c`; the alert JSON on stdin, `HANGWATCH_KIND`, `HANGWATCH_STAGE`, `HANGWATCH_SUMMARY` and
+    /// `HANGWATCH_EVIDENCE` in its environment.
+    pub command: Option<String>,
+    /// PEM certificates to trust for HTTPS instead of the built-in (Mozilla) roots: a site's own CA.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Targets {
+    pub fn is_empty(&self) -> bool {
+        self.webhook.is_none() && self.alertmanager.is_none() && self.command.is_none()
+    }
+}
+
+/// How hard to try.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// All attempts of one alert to one target, backoff included.
+    pub deadline: Duration,
+    /// One attempt (connect, TLS, request, response).
+    pub attempt_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            deadline: Duration::from_secs(30),
+            attempt_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Which kind of receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TargetKind {
+    Webhook,
+    Alertmanager,
+    Command,
+}
+
+impl TargetKind {
+    pub const ALL: [TargetKind; 3] = [
+        TargetKind::Webhook,
+        TargetKind::Alertmanager,
+        TargetKind::Command,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TargetKind::Webhook => "webhook",
+            TargetKind::Alertmanager => "alertmanager",
+            TargetKind::Command => "command",
+        }
+    }
+}
+
+/// What became of one alert to one target: `alerts.json` in the evidence keeps these.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Delivery {
+    pub target: TargetKind,
+    /// The receiver without secrets: `https://hooks.example.com/…` (a webhook's path is its password), or the
+    /// command.
+    pub to: String,
+    pub stage: Stage,
+    pub ok: bool,
+    pub attempts: u32,
+    /// The last HTTP status, when one came back.
+    pub status: Option<u16>,
+    /// Why the last attempt failed.
+    pub error: Option<String>,
+    pub took_ms: u64,
+    /// Seconds since the Unix epoch when it was finished with.
+    pub at_unix_s: f64,
+}
+
+/// A bad `--webhook`, `--alertmanager` or `--alert-ca-file`.
+#[derive(Debug, thiserror::Error)]
+pub enum AlertError {
+    #[error("{flag} `{url}` {problem}")]
+    BadUrl {
+        flag: &'static str,
+        url: String,
+        problem: &'static str,
+    },
+    #[error("cannot read the CA file {path}")]
+    CaFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the CA file {path} holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)")]
+    NoCertificates { path: PathBuf },
+}
+
+/// Called for every finished delivery (metrics count them).
+pub type DeliveryHook = Box<dyn Fn(&Delivery) + Send + Sync>;
+
+/// Sends alerts in the background and remembers what became of them. Cheap to share (`Arc`).
+pub struct Alerter {
+    targets: Targets,
+    limits: Limits,
+    http: ureq::Agent,
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    deliveries: Mutex<Vec<Delivery>>,
+    in_flight: Mutex<usize>,
+    finished: Condvar,
+    hook: Mutex<Option<DeliveryHook>>,
+}
+
+impl std::fmt::Debug for Alerter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Alerter")
+            .field("targets", &self.targets)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl Alerter {
+    /// Checks the URLs and loads the CA file now, so that a typo is a usage error at start, not a lost alert.
+    pub fn new(targets: Targets, limits: Limits) -> Result<Self, AlertError> {
+        if let Some(url) = &targets.webhook {
+            check_url("--webhook", url)?;
+        }
+        if let Some(url) = &targets.alertmanager {
+            check_url("--alertmanager", url)?;
+        }
+        let mut tls = ureq::tls::TlsConfig::builder();
+        if let Some(path) = &targets.ca_file {
+            tls = tls.root_certs(ureq::tls::RootCerts::new_with_certs(&load_certs(path)?));
+        }
+        let http = ureq::Agent::config_builder()
+            .timeout_global(Some(limits.attempt_timeout))
+            .http_status_as_error(false)
+            .user_agent(concat!("hangwatch/", env!("CARGO_PKG_VERSION")))
+            .tls_config(tls.build())
+            .build()
+            .into();
+        Ok(Self {
+            targets,
+            limits,
+            http,
+            shared: Arc::default(),
+        })
+    }
+
+    /// An alerter with no targets: `send` does nothing.
+    pub fn none() -> Self {
+        Self::new(Targets::default(), Limits::default()).unwrap_or_else(|_| unreachable_alerter())
+    }
+
+    pub fn targets(&self) -> &Targets {
+        &self.targets
+    }
+
+    /// `hook` is called for each delivery from then on.
+    pub fn on_delivery(&self, hook: DeliveryHook) {
+        *lock(&self.shared.hook) = Some(hook);
+    }
+
+    /// Sends `alert` to every target, each in a thread of its own; returns at once.
+    pub fn send(&self, alert: &Alert) {
+        let alert = Arc::new(alert.clone());
+        if let Some(url) = &self.targets.webhook {
+            let body = chat_message(&alert);
+            self.spawn(TargetKind::Webhook, url.clone(), body, alert.stage);
+        }
+        if let Some(url) = &self.targets.alertmanager {
+            let body = alertmanager_body(&alert);
+            self.spawn(
+                TargetKind::Alertmanager,
+                alertmanager_endpoint(url),
+                body,
+                alert.stage,
+            );
+        }
+        if let Some(command) = &self.targets.command {
+            self.spawn_command(command.clone(), Arc::clone(&alert));
+        }
+    }
+
+    /// Waits until no alert is in flight, at most `limit`; returns how many are still in flight.
+    pub fn wait(&self, limit: Duration) -> usize {
+        let end = Instant::now() + limit;
+        let mut in_flight = lock(&self.shared.in_flight);
+        while *in_flight > 0 {
+            let now = Instant::now();
+            if now >= end {
+                break;
+            }
+            in_flight = match self.shared.finished.wait_timeout(in_flight, end - now) {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+        }
+        *in_flight
+    }
+
+    /// Every delivery finished so far, oldest first.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        lock(&self.shared.deliveries).clone()
+    }
+
+    fn spawn(&self, target: TargetKind, url: String, body: Vec<u8>, stage: Stage) {
+        let http = self.http.clone();
+        let limits = self.limits;
+        self.in_background(target, move || {
+            let started = Instant::now();
+            let attempt = |_: u32| post(&http, &url, &body);
+            let (result, attempts) = with_retries(limits.deadline, attempt, retry_delay);
+            delivery(target, redact(&url), stage, result, attempts, started)
+        });
+    }
+
+    fn spawn_command(&self, command: String, alert: Arc<Alert>) {
+        let deadline = self.limits.deadline;
+        self.in_background(TargetKind::Command, move || {
+            let started = Instant::now();
+            let result = run_command(&command, &alert, deadline);
+            delivery(
+                TargetKind::Command,
+                command,
+                alert.stage,
+                result,
+                1,
+                started,
+            )
+        });
+    }
+
+    fn in_background(&self, target: TargetKind, work: impl FnOnce() -> Delivery + Send + 'static) {
+        *lock(&self.shared.in_flight) += 1;
+        let shared = Arc::clone(&self.shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("hw-alert-{}", target.as_str()))
+            .spawn(move || {
+                let delivery = work();
+                shared.finish(delivery);
+            });
+        if let Err(e) = spawned {
+            self.shared.finish(Delivery {
+                target,
+                to: String::new(),
+                stage: Stage::Suspected,
+                ok: false,
+                attempts: 0,
+                status: None,
+                error: Some(format!("cannot start the alert thread: {e}")),
+                took_ms: 0,
+                at_unix_s: unix_now(),
+            });
+        }
+    }
+}
+
+impl Shared {
+    fn finish(&self, delivery: Delivery) {
+        if delivery.ok {
+            tracing::info!(target = delivery.target.as_str(), to = %delivery.to, attempts = delivery.attempts, "alert delivered");
+        } else {
+            tracing::warn!(
+                target = delivery.target.as_str(),
+                to = %delivery.to,
+                attempts = delivery.attempts,
+                error = delivery.error.as_deref().unwrap_or(""),
+                "alert failed"
+            );
+        }
+        if let Some(hook) = lock(&self.hook).as_ref() {
+            hook(&delivery);
+        }
+        lock(&self.deliveries).push(delivery);
+        let mut in_flight = lock(&self.in_flight);
+        *in_flight = in_flight.saturating_sub(1);
+        self.finished.notify_all();
+    }
+}
+
+/// The outcome of one attempt: `Ok(status)` delivered; `Err((status, error, retry))`.
+type Attempt = Result<u16, (Option<u16>, String, bool)>;
+
+/// Tries until an attempt succeeds, fails for good, or the next try would start past `deadline`. Returns the last
+/// outcome and the number of attempts.
+fn with_retries(
+    deadline: Duration,
+    mut attempt: impl FnMut(u32) -> Attempt,
+    delay: impl Fn(u32) -> Duration,
+) -> (Attempt, u32) {
+    let started = Instant::now();
+    let mut n = 0;
+    loop {
+        n += 1;
+        let outcome = attempt(n);
+        match &outcome {
+            Ok(_) | Err((_, _, false)) => return (outcome, n),
+            Err((_, _, true)) => {
+                let wait = delay(n);
+                if started.elapsed() + wait >= deadline {
+                    return (outcome, n);
+                }
+                std::thread::sleep(wait);
+            }
+        }
+    }
+}
+
+/// Backoff before attempt `n + 1`: 0.5 s, 1 s, 2 s, 4 s, then every 8 s.
+pub fn retry_delay(n: u32) -> Duration {
+    Duration::from_millis(500u64 << n.saturating_sub(1).min(4))
+}
+
+/// Whether an HTTP status is worth another try: the receiver is overloaded or broken for now.
+pub fn retryable_status(status: u16) -> bool {
+    status == 408 || status == 429 || status >= 500
+}
+
+fn post(http: &ureq::Agent, url: &str, body: &[u8]) -> Attempt {
+    match http
+        .post(url)
+        .header("Content-Type", "application/json")
+        .send(body)
+    {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            if (200..300).contains(&status) {
+                Ok(status)
+            } else {
+                Err((
+                    Some(status),
+                    format!("{} answered HTTP {status}", redact(url)),
+                    retryable_status(status),
+                ))
+            }
+        }
+        // Connection refused, DNS, TLS, timeouts: the receiver may come back (a restart); a bad certificate will
+        // not, but retrying it costs only the deadline, in a thread nobody waits on but the exit.
+        Err(e) => Err((None, format!("{}: {e}", redact(url)), true)),
+    }
+}
+
+fn run_command(command: &str, alert: &Alert, deadline: Duration) -> Attempt {
+    use hangwatch_inspect::child::{input_from_bytes, run_with_deadline_and_input, ChildOutcome};
+    let body = serde_json::to_vec(alert).unwrap_or_default();
+    let stdin = input_from_bytes(c"hangwatch-alert", &body)
+        .map_err(|e| (None, format!("cannot prepare the alert: {e}"), false))?;
+    let mut child = std::process::Command::new("sh");
+    child
+        .arg("-c")
+        .arg(command)
+        .env("HANGWATCH_KIND", alert.verdict.kind.as_str())
+        .env("HANGWATCH_STAGE", alert.stage.as_str())
+        .env("HANGWATCH_SUMMARY", &alert.verdict.summary)
+        .env(
+            "HANGWATCH_EVIDENCE",
+            alert.evidence.as_deref().unwrap_or(""),
+        );
+    match run_with_deadline_and_input(child, stdin, deadline) {
+        Ok(ChildOutcome::Finished { status, .. }) if status.success() => Ok(0),
+        Ok(ChildOutcome::Finished { status, stderr, .. }) => Err((
+            None,
+            format!(
+                "the alert command failed ({status}): {}",
+                String::from_utf8_lossy(&stderr).trim()
+            ),
+            false,
+        )),
+        Ok(ChildOutcome::TimedOut { .. }) => Err((
+            None,
+            format!(
+                "the alert command did not finish within {:.0}s (left running)",
+                deadline.as_secs_f64()
+            ),
+            false,
+        )),
+        Err(e) => Err((None, format!("cannot run the alert command: {e}"), false)),
+    }
+}
+
+fn delivery(
+    target: TargetKind,
+    to: String,
+    stage: Stage,
+    result: Attempt,
+    attempts: u32,
+    started: Instant,
+) -> Delivery {
+    let (ok, status, error) = match result {
+        Ok(status) => (true, (status != 0).then_some(status), None),
+        Err((status, error, _)) => (false, status, Some(error)),
+    };
+    Delivery {
+        target,
+        to,
+        stage,
+        ok,
+        attempts,
+        status,
+        error,
+        took_ms: started.elapsed().as_millis() as u64,
+        at_unix_s: unix_now(),
+    }
+}
+
+/// `scheme://host[:port]/…`: a webhook URL's path often is its secret (Slack, Teams), so it stays out of logs and
+/// evidence.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "…".into();
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    // user:password@host
+    let host = authority.rsplit('@').next().unwrap_or(authority);
+    if rest.len() > authority.len() {
+        format!("{scheme}://{host}/…")
+    } else {
+        format!("{scheme}://{host}")
+    }
+}
+
+fn check_url(flag: &'static str, url: &str) -> Result<(), AlertError> {
+    let bad = |problem| AlertError::BadUrl {
+        flag,
+        url: url.to_string(),
+        problem,
+    };
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .ok_or_else(|| bad("must start with https:// or http://"))?;
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    if authority.rsplit('@').next().unwrap_or_default().is_empty() {
+        return Err(bad("has no host"));
+    }
+    url.parse::<ureq::http::Uri>()
+        .map_err(|_| bad("is not a valid URL"))?;
+    Ok(())
+}
+
+fn load_certs(path: &std::path::Path) -> Result<Vec<ureq::tls::Certificate<'static>>, AlertError> {
+    let pem = std::fs::read(path).map_err(|source| AlertError::CaFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(cert)) => Some(cert.to_owned()),
+            _ => None,
+        })
+        .collect();
+    if certs.is_empty() {
+        return Err(AlertError::NoCertificates {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(certs)
+}
+
+fn unreachable_alerter() -> Alerter {
+    // Only reached if the empty configuration were refused, which `new` never does; kept total for the caller.
+    Alerter {
+        targets: Targets::default(),
+        limits: Limits::default(),
+        http: ureq::Agent::new_with_defaults(),
+        shared: Arc::default(),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_at_start() {
+        let bad = |url: &str| {
+            Alerter::new(
+                Targets {
+                    webhook: Some(url.into()),
+                    ..Targets::default()
+                },
+                Limits::default(),
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(bad("hooks.slack.com/x").contains("must start with https://"));
+        assert!(bad("https:///x").contains("has no host"));
+        assert!(Alerter::new(
+            Targets {
+                webhook: Some("https://hooks.example.com/services/T/B/secret".into()),
+                alertmanager: Some("http://127.0.0.1:9093".into()),
+                ..Targets::default()
+            },
+            Limits::default()
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn a_ca_file_without_certificates_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ca.pem");
+        std::fs::write(&path, "not a certificate").unwrap();
+        let err = Alerter::new(
+            Targets {
+                ca_file: Some(path),
+                ..Targets::default()
+            },
+            Limits::default(),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("holds no PEM certificate"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn secrets_stay_out_of_the_record() {
+        assert_eq!(
+            redact("https://hooks.slack.com/services/T0/B0/XXXX"),
+            "https://hooks.slack.com/…"
+        );
+        assert_eq!(redact("http://u:pw@am:9093"), "http://am:9093");
+        assert_eq!(redact("http://am:9093/api/v2/alerts"), "http://am:9093/…");
+    }
+
+    #[test]
+    fn retries_back_off_until_the_deadline_and_stop_on_a_final_answer() {
+        // Always 503: tried until the next delay would pass the deadline.
+        let mut tries = 0;
+        let (outcome, n) = with_retries(
+            Duration::from_millis(100),
+            |_| {
+                tries += 1;
+                Err((Some(503), "503".into(), true))
+            },
+            |_| Duration::from_millis(30),
+        );
+        assert!(outcome.is_err());
+        assert!((3..=4).contains(&n), "{n}");
+        assert_eq!(tries, n);
+        // A 404 is final.
+        let (_, n) = with_retries(
+            Duration::from_secs(10),
+            |_| Err((Some(404), "404".into(), false)),
+            |_| Duration::from_millis(1),
+        );
+        assert_eq!(n, 1);
+        // Success on the third try.
+        let (outcome, n) = with_retries(
+            Duration::from_secs(10),
+            |k| {
+                if k < 3 {
+                    Err((None, "refused".into(), true))
+                } else {
+                    Ok(204)
+                }
+            },
+            |_| Duration::from_millis(1),
+        );
+        assert_eq!((outcome.ok(), n), (Some(204), 3));
+        assert_eq!(retry_delay(1), Duration::from_millis(500));
+        assert_eq!(retry_delay(3), Duration::from_secs(2));
+        assert_eq!(retry_delay(9), Duration::from_secs(8));
+        assert!(retryable_status(503) && retryable_status(429) && !retryable_status(400));
+    }
+
+    #[test]
+    fn a_command_gets_the_alert_on_stdin_and_a_failure_is_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("alert.json");
+        let verdict: hangwatch_model::Verdict =
+            serde_json::from_str(include_str!("../tests/fixtures/blocked-verdict.json")).unwrap();
+        let alerter = Alerter::new(
+            Targets {
+                command: Some(format!(
+                    "cat > {} && test \"$HANGWATCH_STAGE\" = suspected",
+                    out.display()
+                )),
+                ..Targets::default()
+            },
+            Limits::default(),
+        )
+        .unwrap();
+        alerter.send(&Alert::new(Stage::Suspected, &verdict, 0.0));
+        assert_eq!(alerter.wait(Duration::from_secs(20)), 0);
+        let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        assert_eq!(doc["verdict"]["kind"], "blocked_in_kernel");
+        assert!(alerter.deliveries()[0].ok);
+
+        alerter.send(&Alert::new(Stage::Acted, &verdict, 0.0));
+        assert_eq!(alerter.wait(Duration::from_secs(20)), 0);
+        let failed = &alerter.deliveries()[1];
+        assert!(!failed.ok);
+        assert!(
+            failed.error.as_deref().unwrap().contains("failed"),
+            "{failed:?}"
+        );
+    }
+
+    #[test]
+    fn an_unreachable_webhook_fails_within_its_deadline_and_the_wait_is_bounded() {
+        // A port nothing listens on: connection refused, retried until the deadline.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let alerter = Alerter::new(
+            Targets {
+                webhook: Some(format!("http://127.0.0.1:{port}/hook")),
+                ..Targets::default()
+            },
+            Limits {
+                deadline: Duration::from_millis(1200),
+                attempt_timeout: Duration::from_secs(1),
+            },
+        )
+        .unwrap();
+        let verdict = hangwatch_model::Verdict::unknown("test");
+        alerter.send(&Alert::new(Stage::Suspected, &verdict, 0.0));
+        assert_eq!(alerter.wait(Duration::from_secs(20)), 0);
+        let d = &alerter.deliveries()[0];
+        assert!(!d.ok);
+        assert!(d.attempts >= 2, "{d:?}");
+        assert_eq!(d.to, format!("http://127.0.0.1:{port}/…"));
+    }
+}
