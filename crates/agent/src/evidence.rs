@@ -150,6 +150,11 @@ pub struct EvidenceFile {
 }
 
 impl EvidenceFile {
+    /// `value` as pretty JSON under `name`.
+    pub fn json<T: Serialize + ?Sized>(name: impl Into<String>, value: &T) -> Self {
+        Self::new(name, json(value))
+    }
+
     fn new(name: impl Into<String>, bytes: Vec<u8>) -> Self {
         Self {
             name: name.into(),

@@ -1,7 +1,6 @@
 //! The per-node agent (`hangwatch run`): launches or adopts the ranks, drains their output, receives heartbeats,
 //! detects the stall, takes the roll call, keeps the evidence, alerts and ends the job.
 
-pub mod alert;
 pub mod beats;
 pub mod evidence;
 pub mod heartbeat;

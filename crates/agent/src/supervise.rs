@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use hangwatch_diagnosis::{
     decide, fast_path_due, thread_blocked, Blocked, DecideOptions, Detector, DetectorConfig,
@@ -19,11 +19,10 @@ use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
 use hangwatch_inspect::ranks::{Discovery, RankFinder};
 use hangwatch_inspect::rollcall::{take_roll_call, KnownProcess, RollCallOptions};
-use hangwatch_model::{ActionRecord, NodeObservations, ProcessObservation, Verdict};
+use hangwatch_model::{unix_now, ActionRecord, NodeObservations, ProcessObservation, Verdict};
 use hangwatch_proc::ProcFs;
 use nix::sys::signal::Signal;
 
-use crate::alert::AlertConfig;
 use crate::evidence::{verdict_files, write_abandonable, Evidence, RunRecord, ThresholdsRecord};
 use crate::heartbeat::{HeartbeatContext, PhaseMessage};
 use crate::human::say;
@@ -36,6 +35,7 @@ use crate::policy::{Action, Ending, Input, Notice, Policy, PolicyConfig, Stall, 
 use crate::progress::ProgressBoard;
 use crate::reaper::{JobGroup, Reaper};
 use crate::terminate::{terminate, JobProcess, TerminationReport};
+use hangwatch_alert::{Alert, Alerter, Stage};
 pub use hangwatch_diagnosis::{is_conclusive, OnHang};
 
 /// Exit code when hangwatch ended a hung job (EX_TEMPFAIL: retryable).
@@ -69,7 +69,10 @@ pub struct RunConfig {
     pub stack_timeout: Duration,
     pub probe_timeout: Duration,
     pub node: Option<String>,
-    pub alert: AlertConfig,
+    /// The job's id for alerts (Slurm's, `--job-id`).
+    pub job_id: Option<String>,
+    /// Where alerts about this node's own verdicts go (with a coordinator, it alerts for the job).
+    pub alerter: Arc<Alerter>,
     /// A rank that failed while its peers go on: how long before that is treated as a hang.
     pub failed_rank_grace: Duration,
     /// The fast path (`--fs-stall`): a rank in a filesystem wait (or stopped) with its I/O still this long, while
@@ -1384,7 +1387,9 @@ impl Supervisor {
             tails: self.tails.snapshot(),
             report_dir: self.config.report_dir.clone(),
             program: self.program.clone(),
-            alert: self.config.alert.clone(),
+            alerter: Arc::clone(&self.config.alerter),
+            job_id: self.config.job_id.clone(),
+            node: self.config.node.clone(),
         }
     }
 
@@ -1577,7 +1582,9 @@ struct InvestigationJob {
     tails: Vec<(String, Vec<String>)>,
     report_dir: PathBuf,
     program: PathBuf,
-    alert: AlertConfig,
+    alerter: Arc<Alerter>,
+    job_id: Option<String>,
+    node: Option<String>,
 }
 
 impl InvestigationJob {
@@ -1656,7 +1663,18 @@ impl InvestigationJob {
         .map(|()| self.report_dir.clone())
         .map_err(|e| e.to_string());
         if alert {
-            crate::alert::send(&self.alert, &verdict);
+            // Sent once the evidence is kept (or given up on), so that the alert can say where it is.
+            let mut message = Alert::new(Stage::Suspected, &verdict, unix_now());
+            message.job = self.job_id.clone();
+            message.node = self.node.clone();
+            message.evidence = written.as_ref().ok().map(|dir| {
+                format!(
+                    "{}:{}",
+                    self.node.as_deref().unwrap_or("this node"),
+                    dir.display()
+                )
+            });
+            self.alerter.send(&message);
         }
         Investigation {
             trigger: self.trigger,
@@ -1687,9 +1705,5 @@ fn cannot_act_on_term(procfs: &ProcFs, stuck: &[i32], pid: i32) -> bool {
 
 /// Seconds since the epoch of a past `Instant`.
 fn unix_time_of(at: Instant) -> f64 {
-    let now_unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
-    now_unix - at.elapsed().as_secs_f64()
+    unix_now() - at.elapsed().as_secs_f64()
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use hangwatch_model::unix_now;
 pub use payload::{
     alertmanager_alerts, alertmanager_body, alertmanager_endpoint, chat_message, rfc3339, Alert,
     AlertmanagerAlert, ChatMessage, Stage, ALERT_NAME,
@@ -494,13 +495,6 @@ fn unreachable_alerter() -> Alerter {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The `hangwatch` binary: parses the command line and hands each subcommand to its module.
 
+mod alerts;
 mod commands;
 mod dirs;
 mod duration;

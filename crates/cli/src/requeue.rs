@@ -19,7 +19,7 @@ use std::time::Duration;
 use hangwatch_agent::human::say;
 use hangwatch_diagnosis::requeue::{decide_requeue, AttemptRecord, RequeueDecision, RequeueInput};
 use hangwatch_inspect::child::{run_with_deadline, ChildOutcome};
-use hangwatch_model::Verdict;
+use hangwatch_model::{ActionRecord, Verdict};
 
 /// How long one Slurm command may take.
 const SLURM_DEADLINE: Duration = Duration::from_secs(15);
@@ -393,7 +393,7 @@ fn steps(
 
 /// After hangwatch ended a hung attempt: decides, and carries out what it can. Returns the exit code of `run`:
 /// 75 (this attempt hung; the next one is submitted, or could not be), [`EXIT_BUDGET_SPENT`] when the budget is
-/// spent. `dir` is node-local and private: the batch script is kept there.
+/// spent, with what was done. `dir` is node-local and private: the batch script is kept there.
 pub fn after_hang(
     job: &SlurmJob,
     verdict: &Verdict,
@@ -402,7 +402,7 @@ pub fn after_hang(
     max_requeues: u32,
     drain: bool,
     dir: &Path,
-) -> i32 {
+) -> (i32, ActionRecord) {
     let shown = match show_job(&job.id) {
         Ok(shown) => shown,
         Err(e) => {
@@ -410,7 +410,10 @@ pub fn after_hang(
                 "hangwatch: cannot read job {} from Slurm ({e}); the next attempt cannot be submitted like it",
                 job.id
             ));
-            return hangwatch_agent::supervise::EXIT_HUNG;
+            return (
+                hangwatch_agent::supervise::EXIT_HUNG,
+                requeue_action(false, format!("cannot read job {} from Slurm: {e}", job.id)),
+            );
         }
     };
     let attempt = job.attempt(previous.as_ref());
@@ -428,7 +431,16 @@ pub fn after_hang(
                  next attempt (exit {EXIT_BUDGET_SPENT})",
                 job.id, record.without_progress
             ));
-            return EXIT_BUDGET_SPENT;
+            return (
+                EXIT_BUDGET_SPENT,
+                requeue_action(
+                    true,
+                    format!(
+                        "not requeued: hung {} times in a row without progress (--max-requeues {max_requeues})",
+                        record.without_progress
+                    ),
+                ),
+            );
         }
         RequeueDecision::Requeue {
             record,
@@ -449,6 +461,7 @@ pub fn after_hang(
         release_now,
     );
     let mut failed: Vec<&Step> = Vec::new();
+    let mut submitted = None;
     for step in &steps {
         if step.kind == StepKind::Submit && failed.iter().any(|f| f.kind == StepKind::KeepScript) {
             // Without the script there is nothing to submit: the operator gets it to run by hand.
@@ -467,6 +480,7 @@ pub fn after_hang(
         match slurm(step.kind.program(), &step.args, env) {
             Ok(out) if step.kind == StepKind::Submit => {
                 let new_id = out.trim().split(';').next().unwrap_or_default().to_string();
+                submitted = Some(new_id.clone());
                 say(format!(
                     "hangwatch: attempt {} submitted as job {new_id}{}",
                     attempt + 1,
@@ -491,7 +505,35 @@ pub fn after_hang(
             commands.join("\n")
         ));
     }
-    hangwatch_agent::supervise::EXIT_HUNG
+    let without = if record.excluded.is_empty() {
+        String::new()
+    } else {
+        format!(" without {}", record.excluded.join(", "))
+    };
+    let detail = match submitted {
+        Some(id) => format!("attempt {} submitted as job {id}{without}", attempt + 1),
+        None => format!("attempt {} could not be submitted", attempt + 1),
+    };
+    let detail = if failed.is_empty() {
+        detail
+    } else {
+        let what: Vec<&str> = failed.iter().map(|s| s.what.as_str()).collect();
+        format!("{detail}; failed: {}", what.join("; "))
+    };
+    (
+        hangwatch_agent::supervise::EXIT_HUNG,
+        requeue_action(failed.is_empty(), detail),
+    )
+}
+
+/// What `--action requeue` did, for the verdict's actions and the acted alert.
+fn requeue_action(ok: bool, detail: String) -> ActionRecord {
+    ActionRecord {
+        action: "requeue".into(),
+        ranks: Vec::new(),
+        ok,
+        detail: Some(detail),
+    }
 }
 
 #[cfg(test)]

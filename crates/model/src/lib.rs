@@ -3,12 +3,14 @@
 //!
 //! Every field that does not apply is `None` and serializes as `null`: hangwatch never invents a value.
 
+mod clock;
 mod errors;
 mod node;
 mod observation;
 mod timeline;
 mod verdict;
 
+pub use clock::unix_now;
 pub use errors::error_chain;
 pub use node::*;
 pub use observation::*;

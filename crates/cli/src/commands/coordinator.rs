@@ -48,6 +48,8 @@ pub struct Args {
     /// a new coordinator-<UTC time>-<pid> under /var/tmp/hangwatch-<uid>].
     #[arg(long)]
     report_dir: Option<PathBuf>,
+    #[command(flatten)]
+    alerts: crate::alerts::AlertArgs,
 }
 
 /// Exit code of the coordinator when it ended a hung job (as the agents').
@@ -80,10 +82,16 @@ pub fn read_token_file(path: &Path) -> anyhow::Result<JobToken> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let token = read_token_file(&args.token_file)?;
+    let alerter = std::sync::Arc::new(args.alerts.alerter()?);
     // Held open (and locked) while the coordinator runs.
     let report =
         crate::dirs::open_report_dir(args.report_dir.as_deref(), "coordinator").map_err(usage)?;
     let report_dir = report.path().to_path_buf();
+    let alerts = JobAlerts {
+        alerter: std::sync::Arc::clone(&alerter),
+        job: args.job_id.clone(),
+        evidence: format!("{}:{}", this_host(), report_dir.display()),
+    };
     let mut config = Config::new(token);
     config.job_id = args.job_id;
     config.expected_nodes = args.nnodes;
@@ -109,7 +117,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("cannot watch SIGTERM")?;
-        let serving = Serving::start(Coordinator::new(config), listener, Some(report_dir.clone()));
+        let serving = Serving::start(
+            Coordinator::new(config),
+            listener,
+            Some(report_dir.clone()),
+            alerts,
+        );
         let ending = tokio::select! {
             ending = serving.coordinator.supervise(options, serving.events.clone()) => Some(ending),
             _ = tokio::signal::ctrl_c() => None,
@@ -125,6 +138,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         });
         anyhow::Ok(ending.unwrap_or_default())
     })?;
+    crate::alerts::finish(&alerter, &report_dir);
     if args.json {
         print_ending(&ending)?;
     }
@@ -158,11 +172,14 @@ async fn print_events(
     mut events: mpsc::UnboundedReceiver<JobEvent>,
     who: &'static str,
     keep: Option<PathBuf>,
+    alerts: JobAlerts,
 ) {
     let program =
         hangwatch_inspect::child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
+    let mut last_verdict = None;
     while let Some(event) = events.recv().await {
         say(format!("{who}: {}", describe(&event)));
+        alerts.on_event(&event, &mut last_verdict);
         if let (JobEvent::Verdict { verdict, .. }, Some(dir)) = (&event, &keep) {
             let files = hangwatch_agent::evidence::verdict_files(verdict);
             let (program, dir) = (program.clone(), dir.clone());
@@ -189,6 +206,56 @@ async fn print_events(
             }
         }
     }
+}
+
+/// The job's alerts, sent by the coordinator (one per job, not one per node): suspected with each verdict, acted
+/// when it orders the job ended.
+pub struct JobAlerts {
+    pub alerter: std::sync::Arc<hangwatch_alert::Alerter>,
+    pub job: Option<String>,
+    /// Where the verdict is kept: `HOST:DIR`.
+    pub evidence: String,
+}
+
+impl JobAlerts {
+    fn on_event(&self, event: &JobEvent, last_verdict: &mut Option<hangwatch_model::Verdict>) {
+        use hangwatch_alert::{Alert, Stage};
+        let alert = match event {
+            JobEvent::Verdict { verdict, .. } => {
+                *last_verdict = Some(verdict.without_ranks());
+                Alert::new(Stage::Suspected, verdict, hangwatch_model::unix_now())
+            }
+            JobEvent::Terminating { nodes } => {
+                let Some(mut verdict) = last_verdict.clone() else {
+                    return;
+                };
+                verdict.actions.push(hangwatch_model::ActionRecord {
+                    action: "terminate".into(),
+                    ranks: Vec::new(),
+                    ok: true,
+                    detail: Some(format!(
+                        "ordered every node to end its ranks ({})",
+                        nodes.join(", ")
+                    )),
+                });
+                Alert::new(Stage::Acted, &verdict, hangwatch_model::unix_now())
+            }
+            _ => return,
+        };
+        let mut alert = alert;
+        alert.job = self.job.clone();
+        alert.node = Some(this_host());
+        alert.evidence = Some(self.evidence.clone());
+        self.alerter.send(&alert);
+    }
+}
+
+/// This machine's name, for alerts.
+fn this_host() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "coordinator".into())
 }
 
 /// One event in words.
@@ -265,7 +332,12 @@ pub struct HostedCoordinator {
 impl HostedCoordinator {
     /// Binds `listen` now (so that a taken port is a usage error before the job starts) and serves in the
     /// background.
-    pub fn start(listen: SocketAddr, config: Config, on_hang: OnHang) -> anyhow::Result<Self> {
+    pub fn start(
+        listen: SocketAddr,
+        config: Config,
+        on_hang: OnHang,
+        alerts: JobAlerts,
+    ) -> anyhow::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("hw-coordinator")
@@ -282,7 +354,7 @@ impl HostedCoordinator {
             let listener = tokio::net::TcpListener::from_std(std_listener)
                 .context("cannot set up the coordinator's socket")?;
             // The hosting agent's evidence holds the job's verdict already: none is kept apart.
-            Serving::start(Coordinator::new(config), listener, None)
+            Serving::start(Coordinator::new(config), listener, None, alerts)
         };
         let (coordinator, events) = (serving.coordinator.clone(), serving.events.clone());
         let policy = runtime.spawn(async move {
@@ -345,13 +417,19 @@ impl Serving {
         coordinator: Coordinator,
         listener: tokio::net::TcpListener,
         keep: Option<PathBuf>,
+        alerts: JobAlerts,
     ) -> Self {
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(coordinator.clone().serve(listener, async move {
             let _ = stop_rx.await;
         }));
         let (events, events_rx) = mpsc::unbounded_channel();
-        let printer = tokio::spawn(print_events(events_rx, "hangwatch coordinator", keep));
+        let printer = tokio::spawn(print_events(
+            events_rx,
+            "hangwatch coordinator",
+            keep,
+            alerts,
+        ));
         Self {
             coordinator,
             events,

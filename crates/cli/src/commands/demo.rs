@@ -10,7 +10,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use hangwatch_agent::alert::AlertConfig;
+
 use hangwatch_agent::launch::LaunchSpec;
 use hangwatch_agent::supervise::{run as supervise, OnHang, RunConfig, EXIT_HUNG};
 use hangwatch_diagnosis::DetectorConfig;
@@ -221,7 +221,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         stack_timeout: Duration::from_secs(1),
         probe_timeout: Duration::from_secs(2),
         node: hangwatch_inspect::rollcall::hostname(),
-        alert: AlertConfig::default(),
+        job_id: None,
+        alerter: std::sync::Arc::new(hangwatch_alert::Alerter::none()),
         failed_rank_grace: Duration::from_secs(10),
         coordinator: None,
         fs_stall: Duration::from_secs(15),

@@ -5,10 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use hangwatch_agent::alert::{parse_webhook, AlertConfig};
 use hangwatch_agent::human::say;
 use hangwatch_agent::launch::{check_program, LaunchSpec};
-use hangwatch_agent::supervise::{run as supervise, OnHang, RunConfig};
+use hangwatch_agent::supervise::{run as supervise, OnHang, RunConfig, EXIT_HUNG};
 use hangwatch_diagnosis::DetectorConfig;
 
 use crate::duration::{parse_duration, parse_nonzero_duration};
@@ -111,12 +110,8 @@ pub struct Args {
     /// Keep the newest N run directories under the default report root, removing older ones (0: keep all).
     #[arg(long, default_value_t = crate::dirs::DEFAULT_KEEP_RUNS, value_name = "N")]
     keep_runs: usize,
-    /// POST the verdict JSON to this http:// URL on a hang.
-    #[arg(long)]
-    webhook: Option<String>,
-    /// Run this shell command on a hang, with the verdict JSON on stdin.
-    #[arg(long)]
-    alert_command: Option<String>,
+    #[command(flatten)]
+    alerts: crate::alerts::AlertArgs,
     /// Print the verdict (or a run summary) as one JSON document on stdout; the job's output goes to stderr.
     #[arg(long)]
     json: bool,
@@ -222,9 +217,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .first()
         .ok_or_else(|| usage("no command to run: put it after `--`"))?;
     check_program(program).map_err(|e| usage(format!("cannot run the job: {e}")))?;
-    if let Some(url) = &args.webhook {
-        parse_webhook(url).map_err(usage)?;
-    }
+    let alerter = std::sync::Arc::new(args.alerts.alerter()?);
     let rotation = hangwatch_logsink::Rotation::new(args.log_max_size, args.log_keep)
         .map_err(|e| usage(format!("--log-keep 0: {e}")))?;
     // Held open until the run ends: its lock keeps a concurrent run's pruning away from it.
@@ -279,12 +272,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         window: Duration::from_millis(100),
         stack_timeout: Duration::from_secs(1),
         probe_timeout: Duration::from_secs(2),
-        node: node_name,
-        alert: AlertConfig {
-            webhook: args.webhook.clone(),
-            command: args.alert_command.clone(),
-            timeout: Duration::from_secs(10),
-        },
+        node: node_name.clone(),
+        job_id: Some(job_id.clone()),
+        alerter: std::sync::Arc::clone(&alerter),
         failed_rank_grace: args
             .stall_after
             .map(|d| d / 2)
@@ -298,6 +288,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             *listen,
             config.clone(),
             args.action.on_hang(),
+            crate::commands::coordinator::JobAlerts {
+                alerter: std::sync::Arc::clone(&alerter),
+                job: Some(job_id.clone()),
+                evidence: format!(
+                    "{}:{} (and each node's own report directory)",
+                    node_name.as_deref().unwrap_or("node rank 0"),
+                    report_dir.display()
+                ),
+            },
         )?),
         None => None,
     };
@@ -313,11 +312,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 sink.finish(Duration::from_secs(5));
             }
             let code = report(&args, &outcome, &report_dir);
-            match (&slurm_job, &outcome.verdict) {
-                (Some(job), Some(verdict))
-                    if code == hangwatch_agent::supervise::EXIT_HUNG && node_rank == 0 =>
-                {
-                    crate::requeue::after_hang(
+            let mut acted = outcome.verdict.clone().filter(|_| code == EXIT_HUNG);
+            let code = match (&slurm_job, acted.as_mut()) {
+                (Some(job), Some(verdict)) if node_rank == 0 => {
+                    let (code, action) = crate::requeue::after_hang(
                         job,
                         verdict,
                         previous_attempt.clone(),
@@ -325,10 +323,29 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         args.max_requeues,
                         args.drain_bad_nodes,
                         &report_dir,
-                    )
+                    );
+                    verdict.actions.push(action);
+                    code
                 }
                 _ => code,
+            };
+            // With a coordinator, the job's alerts are its own (one per job, not one per node); what only node
+            // rank 0 did after it (the requeue) is told here.
+            let requeued = acted
+                .as_ref()
+                .is_some_and(|v| v.actions.iter().any(|a| a.action == "requeue"));
+            if let Some(verdict) = acted
+                .as_ref()
+                .filter(|_| coordination.is_none() || requeued)
+            {
+                let context = crate::alerts::AlertContext {
+                    job: Some(&job_id),
+                    node: node_name.as_deref(),
+                    report_dir: &report_dir,
+                };
+                crate::alerts::send_acted(&alerter, verdict, &context);
             }
+            code
         }
         Err(e) => {
             say(format!("hangwatch: error: {:#}", anyhow::Error::new(e)));
@@ -339,6 +356,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         // The other nodes may still be ending their ranks on its order: let them leave first (bounded).
         hosted.finish(args.grace + Duration::from_secs(10));
     }
+    crate::alerts::finish(&alerter, &report_dir);
     if let Some(own) = own_output {
         // What hangwatch said last must reach the redirected stream before it is closed.
         hangwatch_agent::human::flush(Duration::from_secs(3));
@@ -396,6 +414,7 @@ const RUN_FILES: &[&str] = &[
     "hangwatch-stdout-undelivered.txt",
     "hangwatch-stderr-undelivered.txt",
     "hb.sock",
+    "alerts.json",
 ];
 
 /// The report directory: `--report-dir` made private, or a new run directory under the per-user root (older ones

@@ -1,0 +1,127 @@
+//! The alert flags `run` and `coordinator` share, and what happens to alerts when a run ends: the acted alert
+//! (what was done), a bounded wait for alerts in flight, failures said and kept in the evidence (`alerts.json`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use hangwatch_agent::evidence::{write_abandonable, EvidenceFile};
+use hangwatch_agent::human::say;
+use hangwatch_alert::{Alert, Alerter, Limits, Stage, Targets};
+use hangwatch_model::{unix_now, Verdict};
+
+use crate::duration::parse_nonzero_duration;
+use crate::exit::usage;
+
+/// How long the exit waits for alerts still in flight: long enough for a retry or two, short enough for a
+/// scheduler's kill timeout (Slurm's KillWait is 30 s by default).
+const EXIT_WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct AlertArgs {
+    /// POST alerts to this URL (https:// or http://) as Slack/Mattermost-compatible JSON: `text` (the verdict in one
+    /// line, and where the evidence is) and `hangwatch` (the alert with the verdict). Sent when a hang is
+    /// suspected and when hangwatch acted.
+    #[arg(long, value_name = "URL")]
+    webhook: Option<String>,
+    /// Send alerts to this Prometheus Alertmanager (its v2 API; e.g. http://alertmanager:9093), labelled
+    /// alertname=HangwatchJobHang, job, node, kind, stage, severity.
+    #[arg(long, value_name = "URL")]
+    alertmanager: Option<String>,
+    /// Run this shell command for each alert, with the alert JSON on stdin and HANGWATCH_KIND, HANGWATCH_STAGE,
+    /// HANGWATCH_SUMMARY, HANGWATCH_EVIDENCE in its environment.
+    #[arg(long, value_name = "CMD")]
+    alert_command: Option<String>,
+    /// Trust these PEM certificates for HTTPS alerts instead of the built-in roots (a site's own CA).
+    #[arg(long, value_name = "FILE", env = "HANGWATCH_ALERT_CA_FILE")]
+    alert_ca_file: Option<std::path::PathBuf>,
+    /// How long one alert may take to one receiver, retries with backoff included.
+    #[arg(long, default_value = "30s", value_name = "DUR", value_parser = parse_nonzero_duration)]
+    alert_deadline: Duration,
+}
+
+impl AlertArgs {
+    /// The alerter, or a usage error naming the bad flag.
+    pub fn alerter(&self) -> anyhow::Result<Alerter> {
+        Alerter::new(
+            Targets {
+                webhook: self.webhook.clone(),
+                alertmanager: self.alertmanager.clone(),
+                command: self.alert_command.clone(),
+                ca_file: self.alert_ca_file.clone(),
+            },
+            Limits {
+                deadline: self.alert_deadline,
+                attempt_timeout: self.alert_deadline.min(Duration::from_secs(10)),
+            },
+        )
+        .map_err(|e| usage(hangwatch_model::error_chain(&e)))
+    }
+}
+
+/// `alerts.json`: what became of every alert of the run.
+#[derive(Debug, serde::Serialize)]
+pub struct AlertsRecord {
+    pub deliveries: Vec<hangwatch_alert::Delivery>,
+    /// Alerts still being sent when hangwatch exited (their outcome is unknown).
+    pub in_flight_at_exit: usize,
+}
+
+/// Who and where, for the alerts of one run.
+pub struct AlertContext<'a> {
+    pub job: Option<&'a str>,
+    pub node: Option<&'a str>,
+    pub report_dir: &'a Path,
+}
+
+/// Sends the acted alert for `verdict` (with what was done).
+pub fn send_acted(alerter: &Alerter, verdict: &Verdict, context: &AlertContext) {
+    let mut alert = Alert::new(Stage::Acted, verdict, unix_now());
+    alert.job = context.job.map(str::to_string);
+    alert.node = context.node.map(str::to_string);
+    alert.evidence = Some(format!(
+        "{}:{}",
+        context.node.unwrap_or("this node"),
+        context.report_dir.display()
+    ));
+    alerter.send(&alert);
+}
+
+/// At the end of a run: waits (bounded) for alerts in flight, says which failed, and keeps every delivery in
+/// `alerts.json` in the report directory (written by an abandonable child).
+pub fn finish(alerter: &Alerter, report_dir: &Path) {
+    if alerter.targets().is_empty() {
+        return;
+    }
+    let left = alerter.wait(EXIT_WAIT);
+    if left > 0 {
+        say(format!(
+            "hangwatch: {left} alert(s) still being sent after {:.0}s: not waiting longer",
+            EXIT_WAIT.as_secs_f64()
+        ));
+    }
+    let deliveries = alerter.deliveries();
+    if deliveries.is_empty() && left == 0 {
+        return;
+    }
+    for failed in deliveries.iter().filter(|d| !d.ok) {
+        say(format!(
+            "hangwatch: warning: the {} alert to {} failed after {} attempt(s): {}",
+            failed.stage.as_str(),
+            failed.to,
+            failed.attempts,
+            failed.error.as_deref().unwrap_or("unknown error")
+        ));
+    }
+    let program = hangwatch_inspect::child::self_exe()
+        .unwrap_or_else(|_| std::path::PathBuf::from("hangwatch"));
+    let record = AlertsRecord {
+        deliveries,
+        in_flight_at_exit: left,
+    };
+    let files = [EvidenceFile::json("alerts.json", &record)];
+    if let Err(e) = write_abandonable(&program, report_dir, &files, Duration::from_secs(5)) {
+        say(format!(
+            "hangwatch: warning: alerts.json could not be saved: {e}"
+        ));
+    }
+}
