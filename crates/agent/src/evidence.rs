@@ -8,6 +8,7 @@
 //!   ranks.json          every rank's full observation (threads, wchan, syscall, stacks)
 //!   probes.json         filesystem probes
 //!   thresholds.json     the stall threshold in force and how it was learned
+//!   progress.json       progress over time up to the roll call (the report's timeline)
 //!   kernel-log.txt      kernel-log lines since the job started; kernel-report.json: what they say
 //!   output/rank-N.txt   the last lines each rank printed
 //!   run.json            command, node, start time, hangwatch version
@@ -29,6 +30,7 @@ pub struct Evidence<'a> {
     pub observations: &'a [ProcessObservation],
     pub probes: &'a [ProbeResult],
     pub thresholds: &'a ThresholdsRecord,
+    pub timeline: &'a hangwatch_model::ProgressTimeline,
     pub kernel_log: &'a str,
     pub kernel_log_unavailable: Option<&'a str>,
     pub tails: &'a [(String, Vec<String>)],
@@ -42,6 +44,7 @@ pub const BUNDLE_FILES: &[&str] = &[
     "ranks.json",
     "probes.json",
     "thresholds.json",
+    "progress.json",
     "run.json",
     "kernel-log.txt",
     "kernel-report.json",
@@ -175,6 +178,7 @@ impl Evidence<'_> {
             EvidenceFile::new("ranks.json", json(&self.observations)),
             EvidenceFile::new("probes.json", json(&self.probes)),
             EvidenceFile::new("thresholds.json", json(self.thresholds)),
+            EvidenceFile::new("progress.json", json(self.timeline)),
             EvidenceFile::new("run.json", json(self.run)),
         ];
         let kernel = match self.kernel_log_unavailable {

@@ -17,4 +17,5 @@ pub mod render;
 pub mod supervise;
 mod sys;
 pub mod terminate;
+pub mod timeline;
 pub mod wire;

@@ -276,6 +276,8 @@ struct Supervisor {
     ordered_observations: Option<NodeObservations>,
     /// The coordinator's order, when one came: the job-wide verdict is this node's final word.
     ordered_verdict: Option<Verdict>,
+    /// Progress over time, for the evidence's `progress.json`.
+    timeline: crate::timeline::TimelineRecorder,
 }
 
 /// Runs the job to its end. Never returns while a rank it can still end is alive, and never waits on one it
@@ -438,6 +440,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         linked: false,
         ordered_observations: None,
         ordered_verdict: None,
+        timeline: crate::timeline::TimelineRecorder::new(unix_time_of(start)),
     };
     sup.track_groups();
     let outcome = sup.run_loop(&rx);
@@ -639,6 +642,8 @@ impl Supervisor {
         self.take_slot_beats();
         for u in self.board.take_updates() {
             self.last_step = self.last_step.max(u.step);
+            self.timeline
+                .record(unix_time_of(u.at), u.rank, u.count, u.step);
             if let (Some(link), Some(rank)) = (&self.link, u.rank) {
                 link.progress(rank, u.step, u.at);
             }
@@ -698,6 +703,8 @@ impl Supervisor {
                 },
             );
             self.last_step = self.last_step.max(slot.step);
+            self.timeline
+                .record(unix_time_of(now), rank, moved.beats, slot.step);
             if let (Some(link), Some(rank)) = (&self.link, rank) {
                 link.progress(rank, slot.step, now);
             }
@@ -1343,6 +1350,11 @@ impl Supervisor {
         let threshold = self.detector.threshold();
         let ranks = self.rank_pids();
         let pids: Vec<i32> = ranks.iter().map(|(p, _)| *p).collect();
+        let timeline = self.timeline.snapshot(
+            u32::try_from(pids.len()).unwrap_or(u32::MAX),
+            Some(threshold.hard.as_secs_f64()),
+            Some(unix_now()),
+        );
         let known: HashMap<i32, KnownProcess> = self
             .procs
             .iter()
@@ -1381,6 +1393,7 @@ impl Supervisor {
             probe_timeout: self.config.probe_timeout,
             prober: Arc::clone(&self.prober),
             thresholds: self.thresholds_record(&threshold, stalled_for),
+            timeline,
             run: self.run_record(),
             kernel_log: self.kernel_log.text(),
             kernel_log_unavailable: self.kernel_log.unavailable.clone(),
@@ -1576,6 +1589,7 @@ struct InvestigationJob {
     probe_timeout: Duration,
     prober: Arc<Mutex<Option<Prober>>>,
     thresholds: ThresholdsRecord,
+    timeline: hangwatch_model::ProgressTimeline,
     run: RunRecord,
     kernel_log: String,
     kernel_log_unavailable: Option<String>,
@@ -1649,6 +1663,7 @@ impl InvestigationJob {
             observations: &processes,
             probes: &observations.probes,
             thresholds: &self.thresholds,
+            timeline: &self.timeline,
             kernel_log: &self.kernel_log,
             kernel_log_unavailable: self.kernel_log_unavailable.as_deref(),
             tails: &self.tails,
