@@ -19,7 +19,7 @@ pub const TAIL_LINES: usize = 60;
 /// Why a bundle could not be read at all (only the verdict is required).
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    #[error("{} does not exist", dir.display())]
+    #[error("{} does not exist: give the report directory that `hangwatch run` printed with its verdict", dir.display())]
     NoDirectory { dir: PathBuf },
     #[error("{} is not a directory", dir.display())]
     NotADirectory { dir: PathBuf },

@@ -183,15 +183,15 @@ pre{background:#f6f8fa;border:1px solid #e5e7eb;border-radius:6px;padding:8px 10
 code{font:13px ui-monospace,"DejaVu Sans Mono",monospace;overflow-wrap:anywhere}
 table{border-collapse:collapse;width:100%;font-size:14px}
 th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eee;vertical-align:top;overflow-wrap:anywhere}
-th{color:#555;font-weight:600;background:#fafafa}
+th{color:#555;font-weight:600;background:#fafafa;white-space:nowrap}
 .grid{margin:6px 0 10px}
 .grid.flow{column-width:var(--roww);column-gap:18px}
 .node{display:flex;align-items:flex-start;gap:8px;margin:0 0 3px;break-inside:avoid}
 .nn{flex:0 0 auto;min-width:60px;font:12px/var(--cell) ui-monospace,"DejaVu Sans Mono",monospace;color:#444;text-align:right;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;max-width:160px}
 .cells{display:grid;grid-template-columns:repeat(var(--cols),var(--cell));gap:2px}
 .cells i{display:block;width:var(--cell);height:var(--cell);border-radius:2px;font:700 9px/var(--cell) ui-monospace,monospace;color:#fff;text-align:center;font-style:normal;overflow:hidden}
-.big .cells i{font-size:12px;line-height:1.15;padding-top:5px;border-radius:4px}
-.big .cells i u{display:block;text-decoration:none;font-size:11px;opacity:.95}
+.big .cells i{font-size:14px;line-height:1.1;padding-top:4px;border-radius:4px}
+.big .cells i u{display:block;text-decoration:none;font-size:12px}
 .cells i.sD{box-shadow:inset 0 0 0 3px #5a0000}
 .cells i.sT{background-image:repeating-linear-gradient(45deg,rgba(0,0,0,.35) 0 2px,transparent 2px 5px)}
 .cells i.sZ{opacity:.45;box-shadow:inset 0 0 0 2px #000}
@@ -228,14 +228,15 @@ fn head(out: &mut String, v: &Verdict, rows: &[NodeRow<'_>]) {
         .max()
         .unwrap_or(1)
         .clamp(1, MAX_COLUMNS);
-    let cell = if ranks <= BIG_CELLS_UP_TO { 36 } else { 13 };
+    let cell = if ranks <= BIG_CELLS_UP_TO { 40 } else { 13 };
     for (i, c) in group_colours(v).iter().enumerate() {
         let _ = write!(out, ".g{i}{{background-color:{c}}}");
     }
     let _ = write!(
         out,
         ".g-{{background-color:{NO_GROUP_COLOUR}}}:root{{--cell:{cell}px;--cols:{cols};--roww:{}px;--kind:{}}}</style></head><body><main>",
-        cols * (cell + 2) + 80,
+        // A flowed column holds a node name, the cells and the culprit mark.
+        cols * (cell + 2) + 240,
         kind_colour(v.kind)
     );
 }
@@ -527,7 +528,16 @@ fn stack(out: &mut String, frames: Option<&[String]>, none: &str) {
 }
 
 fn grid_section(out: &mut String, v: &Verdict, rows: &[NodeRow<'_>], ranks: usize) {
-    let nodes = rows.iter().filter(|r| r.node.is_some()).count();
+    let nodes: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .filter_map(|r| r.node)
+        .chain(
+            v.groups
+                .iter()
+                .flat_map(|g| g.nodes.iter().map(String::as_str)),
+        )
+        .collect();
+    let nodes = nodes.len();
     let big = ranks <= BIG_CELLS_UP_TO;
     let _ = write!(
         out,

@@ -36,6 +36,13 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// With `HANGWATCH_REPORT_SAMPLES=DIR`, the pages the tests render are kept there to look at.
+fn keep(name: &str, page: &str) {
+    if let Some(dir) = std::env::var_os("HANGWATCH_REPORT_SAMPLES") {
+        std::fs::write(Path::new(&dir).join(name), page).expect("write sample");
+    }
+}
+
 fn read_verdict(dir: &Path) -> Verdict {
     serde_json::from_str(&std::fs::read_to_string(dir.join("verdict.json")).expect("verdict"))
         .expect("verdict parses")
@@ -115,6 +122,7 @@ fn a_coordinator_bundle_with_the_verdict_alone_renders_every_rank() {
     }
     assert!(cell(&page, 0).contains("culprit"));
     assert!(!cell(&page, 1).contains("culprit"));
+    keep("coordinator.html", &page);
     assert!(page.contains("merged verdict"));
     assert!(page.contains("3 ranks on 3 nodes"));
     assert!(
@@ -147,6 +155,7 @@ fn everything_shown_is_escaped() {
     std::fs::write(dir.path().join("verdict.txt"), format!("{EVIL}\n")).expect("verdict.txt");
 
     let page = render_html(&Bundle::read(dir.path()).expect("bundle reads"));
+    keep("escaped.html", &page);
     assert!(!page.contains("<script"), "unescaped markup in the page");
     assert!(!page.contains("alert(1)</"));
     assert!(!page.contains("\"'&"), "unescaped quotes or ampersand");
@@ -354,6 +363,7 @@ fn ten_thousand_ranks_render_compactly() {
     let started = Instant::now();
     let page = render_html(&bundle);
     let took = started.elapsed();
+    keep("10k.html", &page);
     eprintln!(
         "10,000 ranks: {} bytes ({:.2} MB), rendered in {took:?}",
         page.len(),
