@@ -57,7 +57,7 @@ fn write_verdict(dir: &Path, v: &Verdict) {
 }
 
 /// The `<i ...>` cell of `rank` in the grid.
-fn cell<'a>(page: &'a str, rank: u32) -> &'a str {
+fn cell(page: &str, rank: u32) -> &str {
     let needle = format!("data-rank=\"{rank}\"");
     let at = page
         .find(&needle)
