@@ -323,3 +323,58 @@ impl Drop for GroupGuard {
         }
     }
 }
+
+/// What a user gets without `--html`, with `-`, and for a wrong DIR or OUT (no browser needed).
+#[test]
+fn report_writes_beside_the_evidence_by_default_and_says_what_is_wrong() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../report/tests/fixtures/node");
+    let work = tempfile::tempdir().expect("tempdir");
+    let bundle = work.path().join("bundle");
+    std::fs::create_dir(&bundle).expect("mkdir");
+    for name in ["verdict.json", "verdict.txt", "probes.json"] {
+        std::fs::copy(fixture.join(name), bundle.join(name)).expect("copy");
+    }
+    let hangwatch = |args: &[&std::ffi::OsStr]| {
+        Command::new(env!("CARGO_BIN_EXE_hangwatch"))
+            .arg("report")
+            .args(args)
+            .output()
+            .expect("hangwatch report runs")
+    };
+
+    let default = hangwatch(&[bundle.as_os_str()]);
+    assert_eq!(default.status.code(), Some(0));
+    let page = bundle.join("report.html");
+    assert!(
+        String::from_utf8_lossy(&default.stdout).contains(&format!("report: {}", page.display()))
+    );
+    assert!(std::fs::read_to_string(&page)
+        .expect("DIR/report.html")
+        .contains("data-rank=\"0\""));
+
+    let stdout = hangwatch(&[bundle.as_os_str(), "--html".as_ref(), "-".as_ref()]);
+    assert_eq!(stdout.status.code(), Some(0));
+    assert!(stdout.stdout.starts_with(b"<!DOCTYPE html>"));
+    assert!(String::from_utf8_lossy(&stdout.stderr).starts_with("blocked in kernel"));
+
+    let missing = hangwatch(&[work.path().join("nope").as_os_str()]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("does not exist"));
+
+    let not_bundle = hangwatch(&[work.path().as_os_str()]);
+    assert_eq!(not_bundle.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&not_bundle.stderr).contains("has no verdict.json"));
+
+    let unwritable = work.path().join("no/such/dir/page.html");
+    let bad_out = hangwatch(&[
+        bundle.as_os_str(),
+        "--html".as_ref(),
+        unwritable.as_os_str(),
+    ]);
+    assert_eq!(bad_out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad_out.stderr);
+    assert!(
+        err.contains(&format!("cannot write {}", unwritable.display())) && err.contains("--html"),
+        "{err}"
+    );
+}
