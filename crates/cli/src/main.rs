@@ -43,8 +43,8 @@ enum Command {
     Doctor(commands::not_yet::Args),
     /// The seed incident on this machine: a rank logging to a filesystem that freezes.
     Demo(commands::demo::Args),
-    /// Render an evidence bundle for people.
-    Report(commands::not_yet::Args),
+    /// An evidence bundle as one HTML page for people: verdict, every rank, culprit, probes, kernel log, timeline.
+    Report(commands::report::Args),
     /// Internal: read Python stacks and environment of rank processes in a throwaway child (used by dump).
     #[command(name = "__inspect-child", hide = true)]
     InspectChild(commands::inspect_child::Args),
@@ -79,9 +79,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => commands::demo::run(args),
         Command::Probe(args) => commands::probe::run(args),
         Command::Coordinator(args) => commands::coordinator::run(args),
-        Command::History(args) | Command::Doctor(args) | Command::Report(args) => {
-            commands::not_yet::run(name, args)
-        }
+        Command::Report(args) => commands::report::run(args),
+        Command::History(args) | Command::Doctor(args) => commands::not_yet::run(name, args),
         Command::InspectChild(args) => commands::inspect_child::run(args),
         Command::ReadStrings(args) => commands::read_strings::run(args),
         Command::ProbeChild(args) => commands::probe::run_child(args),

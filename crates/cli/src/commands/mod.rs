@@ -12,4 +12,5 @@ pub mod not_yet;
 pub mod own_output;
 pub mod probe;
 pub mod read_strings;
+pub mod report;
 pub mod run;
