@@ -39,7 +39,7 @@ enum Command {
     /// Past verdicts kept on this machine.
     History(commands::not_yet::Args),
     /// What on this machine would make a hang silent or hangwatch blind.
-    Doctor(commands::not_yet::Args),
+    Doctor(commands::doctor::Args),
     /// The seed incident on this machine: a rank logging to a filesystem that freezes.
     Demo(commands::demo::Args),
     /// Render an evidence bundle for people.
@@ -78,9 +78,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => commands::demo::run(args),
         Command::Probe(args) => commands::probe::run(args),
         Command::Coordinator(args) => commands::coordinator::run(args),
-        Command::History(args) | Command::Doctor(args) | Command::Report(args) => {
-            commands::not_yet::run(name, args)
-        }
+        Command::Doctor(args) => commands::doctor::run(args),
+        Command::History(args) | Command::Report(args) => commands::not_yet::run(name, args),
         Command::InspectChild(args) => commands::inspect_child::run(args),
         Command::ReadStrings(args) => commands::read_strings::run(args),
         Command::ProbeChild(args) => commands::probe::run_child(args),

@@ -28,9 +28,9 @@ pub enum Severity {
 impl Severity {
     pub fn heading(self) -> &'static str {
         match self {
-            Severity::Blind => "hangwatch would be blind",
-            Severity::Silent => "a hang would be silent",
-            Severity::Advice => "advice",
+            Severity::Blind => "Blind (hangwatch could not see or act)",
+            Severity::Silent => "Silent (a hang would go unreported)",
+            Severity::Advice => "Advice",
         }
     }
 }
