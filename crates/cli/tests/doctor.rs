@@ -20,8 +20,8 @@ fn run(mut cmd: Command) -> (Option<i32>, Value, String) {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut guard = ChildGuard::spawn(&mut cmd, "hangwatch doctor").expect("hangwatch starts");
-    let mut stdout = guard.child_mut().stdout.take().unwrap();
-    let mut stderr = guard.child_mut().stderr.take().unwrap();
+    let mut stdout = guard.child_mut().stdout.take().expect("piped stdout");
+    let mut stderr = guard.child_mut().stderr.take().expect("piped stderr");
     let out = std::thread::spawn(move || {
         let mut text = String::new();
         let _ = stdout.read_to_string(&mut text);
@@ -34,7 +34,10 @@ fn run(mut cmd: Command) -> (Option<i32>, Value, String) {
     });
     let status = wait_with_deadline(guard.child_mut(), Duration::from_secs(20))
         .expect("hangwatch doctor did not return within 20 s");
-    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    let (out, err) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
     let json =
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}\n{err}"));
     (status.code(), json, err)
@@ -43,7 +46,7 @@ fn run(mut cmd: Command) -> (Option<i32>, Value, String) {
 fn finding<'a>(doc: &'a Value, check: &str) -> &'a Value {
     doc["findings"]
         .as_array()
-        .unwrap()
+        .expect("findings is a list")
         .iter()
         .find(|f| f["check"] == check)
         .unwrap_or_else(|| panic!("no {check} finding: {doc:#}"))
