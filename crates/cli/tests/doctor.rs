@@ -210,3 +210,56 @@ fn the_checklist_shows_passed_checks_and_the_fix_under_each_problem() {
     assert!(text.contains("ok nccl_async_error_handling:"), "{text}");
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// `run` says the Blind and Silent findings before the job starts, one line each; here the report directory on a
+/// FUSE mount (the check that used to live in run.rs) and NCCL error handling switched off.
+#[test]
+fn run_says_the_problems_at_start_one_line_each() {
+    if skip_unless_root() {
+        return;
+    }
+    let backing = tempfile::tempdir().unwrap();
+    let fuse = require!(FuseMount::new(backing.path()));
+    let report_dir = fuse.path().join("report");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
+    cmd.args(["run", "--report-dir"])
+        .arg(&report_dir)
+        .args(["--", "true"])
+        .env("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut guard = ChildGuard::spawn(&mut cmd, "hangwatch run").expect("hangwatch starts");
+    let mut stderr = guard.child_mut().stderr.take().expect("piped stderr");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let status = wait_with_deadline(guard.child_mut(), Duration::from_secs(60))
+        .expect("hangwatch run -- true did not return within 60 s");
+    let text = reader.join().unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{text}");
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("hangwatch: doctor: "))
+        .collect();
+    assert!(
+        lines.iter().any(
+            |l| l.contains(&format!("the report directory {}", report_dir.display()))
+                && l.contains("(fix: --report-dir on a node-local disk")
+        ),
+        "{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("TORCH_NCCL_ASYNC_ERROR_HANDLING=0")
+                && l.contains("(fix: export TORCH_NCCL_ASYNC_ERROR_HANDLING=3")),
+        "{text}"
+    );
+    assert!(
+        !text.contains("advice") && !text.contains("max_dgram_qlen"),
+        "only Blind and Silent findings are said at start: {text}"
+    );
+}
