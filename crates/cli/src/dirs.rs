@@ -71,10 +71,6 @@ pub fn report_root_candidates(
 /// The state directory, for what outlives a run on this node (the verdict history): `$XDG_STATE_HOME/hangwatch`
 /// when that is set and node-local, else `/var/tmp/hangwatch-<uid>/state`. Not `~/.local/state`: home
 /// directories on clusters are usually on a shared filesystem, and this state belongs to the node.
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "chosen now, opened by `history` once it exists")
-)]
 pub fn state_dir(env: &dyn Env, uid: u32, node_local: &dyn Fn(&Path) -> bool) -> PathBuf {
     match env_dir(env, "XDG_STATE_HOME", node_local) {
         Some(dir) => dir.join("hangwatch"),

@@ -40,7 +40,7 @@ enum Command {
     /// Past verdicts kept on this machine.
     History(commands::not_yet::Args),
     /// What on this machine would make a hang silent or hangwatch blind.
-    Doctor(commands::not_yet::Args),
+    Doctor(commands::doctor::Args),
     /// The seed incident on this machine: a rank logging to a filesystem that freezes.
     Demo(commands::demo::Args),
     /// An evidence bundle as one HTML page for people: verdict, every rank, culprit, probes, kernel log, timeline.
@@ -80,7 +80,8 @@ fn main() -> ExitCode {
         Command::Probe(args) => commands::probe::run(args),
         Command::Coordinator(args) => commands::coordinator::run(args),
         Command::Report(args) => commands::report::run(args),
-        Command::History(args) | Command::Doctor(args) => commands::not_yet::run(name, args),
+        Command::Doctor(args) => commands::doctor::run(args),
+        Command::History(args) => commands::not_yet::run(name, args),
         Command::InspectChild(args) => commands::inspect_child::run(args),
         Command::ReadStrings(args) => commands::read_strings::run(args),
         Command::ProbeChild(args) => commands::probe::run_child(args),

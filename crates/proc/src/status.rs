@@ -62,6 +62,13 @@ pub struct Status {
     pub nonvoluntary_ctxt_switches: Option<u64>,
     /// Resident memory, in kB; absent for kernel threads and zombies.
     pub vm_rss_kb: Option<u64>,
+    /// Effective user id (the second field of `Uid:`): what permission checks use.
+    #[serde(default)]
+    pub euid: Option<u32>,
+    /// Effective capabilities (`CapEff`, a bit per `CAP_*` number): what `hangwatch doctor` checks for ptrace,
+    /// kernel stacks and the kernel log.
+    #[serde(default)]
+    pub cap_eff: Option<u64>,
 }
 
 impl Status {
@@ -101,6 +108,11 @@ pub fn parse_status(text: &str) -> Result<Status, ParseError> {
                 status.nonvoluntary_ctxt_switches =
                     Some(number(value, "nonvoluntary_ctxt_switches")?)
             }
+            "Uid" => {
+                let euid = value.split_whitespace().nth(1).unwrap_or(value);
+                status.euid = Some(number(euid, "Uid")?);
+            }
+            "CapEff" => status.cap_eff = Some(mask(value, "CapEff")?.0),
             "VmRSS" => {
                 let kb = value.strip_suffix("kB").unwrap_or(value).trim();
                 status.vm_rss_kb = Some(number(kb, "VmRSS")?);
@@ -214,8 +226,21 @@ nonvoluntary_ctxt_switches:\t11
         assert_eq!(status.voluntary_ctxt_switches, Some(20));
         assert_eq!(status.nonvoluntary_ctxt_switches, Some(11));
         assert_eq!(status.vm_rss_kb, Some(13444));
+        assert_eq!(status.euid, Some(0));
+        assert_eq!(status.cap_eff, Some(0x1fffeffffff));
         assert_eq!(status.pending(), SignalMask(0));
         assert!(!status.pending().any_stop());
+    }
+
+    #[test]
+    fn effective_uid_is_the_second_field_and_caps_may_be_empty() {
+        let text = PYTHON_SLEEP
+            .replace("Uid:\t0\t0\t0\t0", "Uid:\t1000\t65534\t1000\t65534")
+            .replace("CapEff:\t000001fffeffffff", "CapEff:\t0000000000000000");
+        let status = parse_status(&text).unwrap();
+        assert_eq!(status.euid, Some(65534));
+        assert_eq!(status.cap_eff, Some(0));
+        assert!(parse_status(&PYTHON_SLEEP.replace("Uid:\t0\t0", "Uid:\t0\tx")).is_err());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 pub mod coordinator;
 pub mod demo;
+pub mod doctor;
 pub mod dump;
 pub mod inspect_child;
 pub mod job_children;

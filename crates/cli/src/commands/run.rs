@@ -223,7 +223,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Held open until the run ends: its lock keeps a concurrent run's pruning away from it.
     let private_dir = open_report_dir(&args)?;
     let report_dir = private_dir.path().to_path_buf();
-    warn_if_shared(&report_dir);
+    // Blind or Silent settings (e.g. the report directory on a network filesystem: SPEC promise 4), said now.
+    crate::commands::doctor::say_startup_warnings(&report_dir, args.log_file.as_deref());
 
     let sink = match &args.log_file {
         Some(path) => Some(crate::commands::log_sink::open(
@@ -529,24 +530,4 @@ fn coordination(
         },
         host,
     }))
-}
-
-/// Evidence must be node-local (SPEC promise 4): say so when the report directory is on a network filesystem.
-fn warn_if_shared(dir: &std::path::Path) {
-    let Ok(table) = hangwatch_proc::ProcFs::new("/proc").mountinfo(std::process::id() as i32)
-    else {
-        return;
-    };
-    let probe_path = dir.ancestors().find(|a| a.exists()).unwrap_or(dir);
-    if let Some(mount) = table.containing(&probe_path.to_string_lossy()) {
-        if mount.is_remote() {
-            say(format!(
-                "hangwatch: warning: the report directory {} is on {} ({}), a shared filesystem; evidence should be \
-                 node-local (use --report-dir /var/tmp/...)",
-                dir.display(),
-                mount.mount_point,
-                mount.fstype
-            ));
-        }
-    }
 }
