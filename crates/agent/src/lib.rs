@@ -5,6 +5,7 @@ pub mod alert;
 pub mod beats;
 pub mod evidence;
 pub mod heartbeat;
+pub mod history;
 pub mod human;
 pub mod kernel_log;
 pub mod launch;

@@ -3,6 +3,7 @@
 pub mod coordinator;
 pub mod demo;
 pub mod dump;
+pub mod history;
 pub mod inspect_child;
 pub mod job_children;
 pub mod kmsg;
