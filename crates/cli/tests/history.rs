@@ -219,3 +219,27 @@ fn bad_since_is_a_usage_error_with_examples() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("7d"), "{}", stderr(&out));
 }
+
+#[test]
+fn concurrent_recorders_from_several_processes_each_get_a_distinct_count() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let db = state.path().join("history.sqlite");
+    let verdict = fixture("blocked-write-n1.json");
+    let t = now();
+    let recorders: Vec<_> = (0..6)
+        .map(|i| {
+            let (db, verdict) = (db.clone(), verdict.clone());
+            std::thread::spawn(move || {
+                record(&db, &verdict, &format!("n{i}"), t + f64::from(i))
+                    .expect("recorded")
+                    .seen_before
+            })
+        })
+        .collect();
+    let mut seen: Vec<u64> = recorders
+        .into_iter()
+        .map(|r| r.join().expect("recorder thread"))
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, [0, 1, 2, 3, 4, 5]);
+}

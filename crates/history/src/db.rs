@@ -784,3 +784,48 @@ mod tests {
         assert_eq!(seen, (0..100).collect::<Vec<u64>>());
     }
 }
+
+#[cfg(test)]
+mod measure {
+    use super::*;
+
+    /// Prints the file size after 1000 verdicts (`cargo test -p hangwatch-history --lib size -- --ignored
+    /// --nocapture`): a number for docs/history.md, not an assertion.
+    #[test]
+    #[ignore = "a measurement, run by hand"]
+    fn size_of_a_thousand_verdicts() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.sqlite");
+        let mut db = HistoryDb::open(&path).unwrap();
+        let text = include_str!("../tests/fixtures/blocked-write-n1.json");
+        let verdict: Verdict = serde_json::from_str(text).unwrap();
+        let started = std::time::Instant::now();
+        for i in 0..1000 {
+            let mut v = verdict.clone();
+            if i % 3 == 0 {
+                v.culprits[0].at.syscall = Some(format!("call{}", i % 7));
+            }
+            db.record(&NewEntry {
+                verdict: &v,
+                fingerprint: Fingerprint::of(&v),
+                node: format!("node{:03}", i % 50),
+                job_id: Some(format!("{}", 100_000 + i)),
+                bundle: Some(PathBuf::from(format!(
+                    "/var/tmp/hangwatch-1000/run-20261201T142708Z-{i}"
+                ))),
+                at_unix_s: 1_796_000_000.0 + f64::from(i) * 60.0,
+            })
+            .unwrap();
+        }
+        let per_record_ms = started.elapsed().as_secs_f64(); // 1000 records: seconds in all = ms each
+        let size = std::fs::metadata(&path).unwrap().len();
+        let list_started = std::time::Instant::now();
+        let all = db.list(&Query::default()).unwrap();
+        println!(
+            "1000 verdicts: {size} bytes ({} bytes each), record {per_record_ms:.3} ms each in-process, list all {:.1} ms",
+            size / 1000,
+            list_started.elapsed().as_secs_f64() * 1000.0
+        );
+        assert_eq!(all.len(), 1000);
+    }
+}

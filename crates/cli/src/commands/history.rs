@@ -82,8 +82,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         crate::output::print_json(&doc)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let empty = doc.causes.as_ref().map_or(true, Vec::is_empty)
-        && doc.verdicts.as_ref().map_or(true, Vec::is_empty);
+    let empty = doc.causes.as_ref().is_none_or(Vec::is_empty)
+        && doc.verdicts.as_ref().is_none_or(Vec::is_empty);
     if empty {
         let window = args
             .since
