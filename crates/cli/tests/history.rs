@@ -243,3 +243,29 @@ fn concurrent_recorders_from_several_processes_each_get_a_distinct_count() {
     seen.sort_unstable();
     assert_eq!(seen, [0, 1, 2, 3, 4, 5]);
 }
+
+#[test]
+fn a_recorder_that_cannot_finish_is_abandoned_at_its_deadline() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let db = state.path().join("history.sqlite");
+    let verdict = fixture("blocked-write-n1.json");
+    record(&db, &verdict, "n1", now()).expect("recorded");
+    // Another process holds the write lock longer than the recorder may take (its busy timeout is 5 s).
+    let holder = rusqlite::Connection::open(&db).expect("open");
+    holder.execute_batch("BEGIN EXCLUSIVE").expect("lock");
+    let request = HistoryRequest::new(&verdict, "n2", None, None, now());
+    let err = hangwatch_agent::history::record_abandonable(
+        Path::new(BIN),
+        &db,
+        &request,
+        Duration::from_secs(1),
+    )
+    .expect_err("abandoned");
+    assert!(
+        err.contains("did not finish within 1.0s: abandoned"),
+        "{err}"
+    );
+    holder.execute_batch("COMMIT").expect("unlock");
+    let again = record(&db, &verdict, "n2", now()).expect("recorded after the lock");
+    assert_eq!(again.seen_before, 1, "the abandoned recording left nothing");
+}

@@ -231,6 +231,12 @@ impl HistoryDb {
             path: path.to_path_buf(),
             source,
         })?;
+        HistoryDb::open_existing(path)
+    }
+
+    /// Opens the database file at `path`, which must exist (`hangwatch history` reads it: nothing is created, no
+    /// directory's mode is changed), and brings its schema up to [`SCHEMA_VERSION`].
+    pub fn open_existing(path: &Path) -> Result<HistoryDb, HistoryError> {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX
             | OpenFlags::SQLITE_OPEN_NOFOLLOW;
@@ -742,6 +748,28 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("newer than this hangwatch knows"), "{text}");
         assert!(text.contains("h.sqlite"), "{text}");
+    }
+
+    #[test]
+    fn reading_an_existing_database_creates_nothing_and_changes_no_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("h.sqlite");
+        assert!(matches!(
+            HistoryDb::open_existing(&path),
+            Err(HistoryError::Open { .. })
+        ));
+        assert!(!path.exists());
+        Connection::open(&path).unwrap();
+        assert_eq!(
+            HistoryDb::open_existing(&path)
+                .unwrap()
+                .schema_version()
+                .unwrap(),
+            SCHEMA_VERSION
+        );
+        let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o755);
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let path = args.db.clone().unwrap_or_else(crate::dirs::history_db_path);
     let exists = std::fs::symlink_metadata(&path).is_ok();
     let db = if exists {
-        Some(HistoryDb::open(&path)?)
+        Some(HistoryDb::open_existing(&path)?)
     } else {
         None
     };
