@@ -4,6 +4,7 @@
 pub mod beats;
 pub mod evidence;
 pub mod heartbeat;
+pub mod history;
 pub mod human;
 pub mod kernel_log;
 pub mod launch;

@@ -68,14 +68,27 @@ pub fn report_root_candidates(
     out
 }
 
-/// The state directory, for what outlives a run on this node (the verdict history): `$XDG_STATE_HOME/hangwatch`
-/// when that is set and node-local, else `/var/tmp/hangwatch-<uid>/state`. Not `~/.local/state`: home
-/// directories on clusters are usually on a shared filesystem, and this state belongs to the node.
+/// The state directory, for what outlives a run on this node (the verdict history): `$HANGWATCH_STATE_DIR` when
+/// set and absolute (a site's or a test's explicit choice, taken as it is), else `$XDG_STATE_HOME/hangwatch` when
+/// that is set and node-local, else `/var/tmp/hangwatch-<uid>/state`. Not `~/.local/state`: home directories on
+/// clusters are usually on a shared filesystem, and this state belongs to the node.
 pub fn state_dir(env: &dyn Env, uid: u32, node_local: &dyn Fn(&Path) -> bool) -> PathBuf {
+    if let Some(dir) = env_dir(env, STATE_DIR_ENV, &|_| true) {
+        return dir;
+    }
     match env_dir(env, "XDG_STATE_HOME", node_local) {
         Some(dir) => dir.join("hangwatch"),
         None => PathBuf::from(format!("/var/tmp/hangwatch-{uid}/state")),
     }
+}
+
+/// The environment variable that moves the state directory.
+pub const STATE_DIR_ENV: &str = "HANGWATCH_STATE_DIR";
+
+/// The verdict history database of this user on this node.
+pub fn history_db_path() -> PathBuf {
+    state_dir(&ProcessEnv, hangwatch_safefs::euid(), &node_local)
+        .join(hangwatch_history::DB_FILE_NAME)
 }
 
 /// `run-20261129T214500Z-4242`: `kind`, the UTC time and the pid.
@@ -314,6 +327,19 @@ mod tests {
         );
         assert_eq!(
             state_dir(&HashMap::new(), 5, &all_local),
+            PathBuf::from("/var/tmp/hangwatch-5/state")
+        );
+        let env = HashMap::from([
+            ("HANGWATCH_STATE_DIR", "/gpfs/site/hangwatch"),
+            ("XDG_STATE_HOME", "/local/state"),
+        ]);
+        assert_eq!(
+            state_dir(&env, 5, &shared),
+            PathBuf::from("/gpfs/site/hangwatch")
+        );
+        let env = HashMap::from([("HANGWATCH_STATE_DIR", "relative")]);
+        assert_eq!(
+            state_dir(&env, 5, &all_local),
             PathBuf::from("/var/tmp/hangwatch-5/state")
         );
     }

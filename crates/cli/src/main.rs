@@ -37,8 +37,8 @@ enum Command {
     Probe(commands::probe::Args),
     /// The multi-node coordinator: agents of one job join it, it names the hung rank across nodes.
     Coordinator(commands::coordinator::Args),
-    /// Past verdicts kept on this machine.
-    History(commands::not_yet::Args),
+    /// Past verdicts kept on this machine, and how often each cause recurred, where and when.
+    History(commands::history::Args),
     /// What on this machine would make a hang silent or hangwatch blind.
     Doctor(commands::doctor::Args),
     /// The seed incident on this machine: a rank logging to a filesystem that freezes.
@@ -63,6 +63,9 @@ enum Command {
     /// Internal: write evidence files in a process `run` can abandon.
     #[command(name = "__write-evidence", hide = true)]
     WriteEvidence(commands::job_children::EvidenceArgs),
+    /// Internal: record a verdict in the node's history in a process `run` can abandon.
+    #[command(name = "__record-history", hide = true)]
+    RecordHistory(commands::history::RecordArgs),
 }
 
 fn main() -> ExitCode {
@@ -71,7 +74,6 @@ fn main() -> ExitCode {
     if is_internal(&cli.command) {
         deaf_to_job_signals();
     }
-    let name = command_name(&cli.command);
     let result = match cli.command {
         Command::Run(args) => commands::run::run(*args),
         Command::Dump(args) => commands::dump::run(args),
@@ -81,13 +83,14 @@ fn main() -> ExitCode {
         Command::Coordinator(args) => commands::coordinator::run(args),
         Command::Report(args) => commands::report::run(args),
         Command::Doctor(args) => commands::doctor::run(args),
-        Command::History(args) => commands::not_yet::run(name, args),
+        Command::History(args) => commands::history::run(args),
         Command::InspectChild(args) => commands::inspect_child::run(args),
         Command::ReadStrings(args) => commands::read_strings::run(args),
         Command::ProbeChild(args) => commands::probe::run_child(args),
         Command::LogWriter(args) => commands::log_writer::run(args),
         Command::JobReaper(args) => commands::job_children::run_reaper(args),
         Command::WriteEvidence(args) => commands::job_children::run_evidence_writer(args),
+        Command::RecordHistory(args) => commands::history::run_record(args),
     };
     exit::finish(result)
 }
@@ -127,5 +130,6 @@ fn command_name(command: &Command) -> &'static str {
         Command::LogWriter(_) => "__log-writer",
         Command::JobReaper(_) => "__job-reaper",
         Command::WriteEvidence(_) => "__write-evidence",
+        Command::RecordHistory(_) => "__record-history",
     }
 }

@@ -151,6 +151,14 @@ impl WallTime {
         Some(WallTime::from_naive_seconds(whole, &template))
     }
 
+    /// Seconds since the Unix epoch; a time printed without an offset is taken as UTC. `None` without a year.
+    pub fn to_unix_s(&self) -> Option<f64> {
+        self.year?;
+        let offset_s = i64::from(self.offset_minutes.unwrap_or(0)) * 60;
+        let micros = f64::from(self.micros.unwrap_or(0)) / 1e6;
+        Some((self.naive_seconds() - offset_s) as f64 + micros)
+    }
+
     /// Orders two times by their printed fields; a missing year takes the other's year.
     pub fn cmp_fields(&self, other: &WallTime) -> Ordering {
         let year_a = self.year.or(other.year).unwrap_or(YEARLESS);
@@ -442,6 +450,23 @@ mod tests {
             WallTime::from_unix_utc(-1.0).unwrap().to_string(),
             "1969-12-31T23:59:59.000000Z"
         );
+    }
+
+    #[test]
+    fn times_convert_back_to_unix_time() {
+        assert_eq!(
+            wall("2023-03-04T04:10:52Z").to_unix_s(),
+            Some(1_677_903_052.0)
+        );
+        assert_eq!(
+            wall("2023-03-04T05:10:52+01:00").to_unix_s(),
+            Some(1_677_903_052.0)
+        );
+        assert_eq!(
+            wall("2023-03-04T04:10:52.5").to_unix_s(),
+            Some(1_677_903_052.5)
+        );
+        assert_eq!(wall("--03-04T04:10:52").to_unix_s(), None);
     }
 
     #[test]

@@ -1,0 +1,20 @@
+//! The verdict history of a node: every verdict recorded with its fingerprint in an embedded SQLite database, and
+//! how often each cause recurred, where and when (`hangwatch history`, and "seen N times before" in a verdict).
+//!
+//! See docs/history.md.
+
+pub mod db;
+pub mod fingerprint;
+pub mod request;
+pub mod when;
+
+pub use db::{
+    CauseSummary, HistoryDb, HistoryEntry, HistoryError, NewEntry, Query, Recurrence, BUSY_TIMEOUT,
+    SCHEMA_VERSION,
+};
+pub use fingerprint::{normalize_mount, Fingerprint};
+pub use request::{record_child_main, HistoryRequest};
+pub use when::utc_time;
+
+/// The database's file name in the state directory.
+pub const DB_FILE_NAME: &str = "history.sqlite";
