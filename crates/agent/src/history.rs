@@ -1,13 +1,12 @@
 //! Recording a verdict in the node's history from `run`: through the `__record-history` child, which `run` can
 //! abandon at a deadline, so that a stuck disk never holds the loop or the process's exit.
 
-use std::io::{Seek, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use hangwatch_history::{HistoryRequest, Recurrence};
-use hangwatch_inspect::child::{run_with_deadline_and_input, ChildOutcome};
+use hangwatch_inspect::child::{input_from_bytes, run_with_deadline_and_input, ChildOutcome};
 
 /// Records `request` in the database at `db` by running `program __record-history --db DB` (`program`: the
 /// running hangwatch, [`hangwatch_inspect::child::self_exe`]); the child's answer is how often the verdict's cause
@@ -19,25 +18,18 @@ pub fn record_abandonable(
     request: &HistoryRequest,
     deadline: Duration,
 ) -> Result<Recurrence, String> {
-    let prepare = |e: std::io::Error| format!("cannot prepare the history request: {e}");
-    let fd = nix::sys::memfd::memfd_create(
-        c"hangwatch-history",
-        nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
-    )
-    .map_err(|e| prepare(e.into()))?;
-    let mut memfd = std::fs::File::from(fd);
-    serde_json::to_writer(&mut memfd, request).map_err(|e| prepare(std::io::Error::other(e)))?;
-    memfd.flush().map_err(prepare)?;
-    memfd.rewind().map_err(prepare)?;
+    let input = serde_json::to_vec(request)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| input_from_bytes(c"hangwatch-history", &bytes))
+        .map_err(|e| format!("cannot prepare the history request: {e}"))?;
     let mut command = Command::new(program);
     command.arg("__record-history").arg("--db").arg(db);
-    let outcome =
-        run_with_deadline_and_input(command, Stdio::from(memfd), deadline).map_err(|e| {
-            format!(
-                "cannot start the history recorder: {}",
-                hangwatch_model::error_chain(&e)
-            )
-        })?;
+    let outcome = run_with_deadline_and_input(command, input, deadline).map_err(|e| {
+        format!(
+            "cannot start the history recorder: {}",
+            hangwatch_model::error_chain(&e)
+        )
+    })?;
     match outcome {
         ChildOutcome::Finished { status, stdout, .. } if status.success() => {
             serde_json::from_slice(&stdout).map_err(|e| {

@@ -44,6 +44,10 @@ pub const EXIT_HUNG: i32 = 75;
 /// How long the evidence writer may take before it is abandoned (a report directory on a frozen filesystem).
 const EVIDENCE_DEADLINE: Duration = Duration::from_secs(5);
 
+/// How long recording a verdict in the node's history may take (typically 20-50 ms): it comes before the
+/// evidence and the alert, which say how often the cause was seen, so a locked database costs at most this.
+const HISTORY_DEADLINE: Duration = Duration::from_secs(3);
+
 /// A new set of ranks is given to the stack readers once it has been the same for this long: the interpreters
 /// are up by then.
 const PREPARE_STACKS_AFTER: Duration = Duration::from_secs(3);
@@ -73,6 +77,9 @@ pub struct RunConfig {
     pub job_id: Option<String>,
     /// Where alerts about this node's own verdicts go (with a coordinator, it alerts for the job).
     pub alerter: Arc<Alerter>,
+    /// The node's verdict history (SQLite): each verdict kept as evidence is recorded there, and says how often
+    /// its cause was seen before. `None`: not recorded.
+    pub history_db: Option<PathBuf>,
     /// A rank that failed while its peers go on: how long before that is treated as a hang.
     pub failed_rank_grace: Duration,
     /// The fast path (`--fs-stall`): a rank in a filesystem wait (or stopped) with its I/O still this long, while
@@ -1401,6 +1408,7 @@ impl Supervisor {
             report_dir: self.config.report_dir.clone(),
             program: self.program.clone(),
             alerter: Arc::clone(&self.config.alerter),
+            history_db: self.config.history_db.clone(),
             job_id: self.config.job_id.clone(),
             node: self.config.node.clone(),
         }
@@ -1597,6 +1605,7 @@ struct InvestigationJob {
     report_dir: PathBuf,
     program: PathBuf,
     alerter: Arc<Alerter>,
+    history_db: Option<PathBuf>,
     job_id: Option<String>,
     node: Option<String>,
 }
@@ -1652,10 +1661,11 @@ impl InvestigationJob {
     /// Writes the evidence of `verdict` with this node's `observations` (abandonable), and alerts when asked.
     fn keep(
         mut self,
-        verdict: Verdict,
+        mut verdict: Verdict,
         observations: &NodeObservations,
         alert: bool,
     ) -> Investigation {
+        verdict.recurrence = self.record_history(&verdict);
         self.run.rollcall = crate::evidence::RollCallRecord::of(observations);
         let processes: Vec<ProcessObservation> = observations.processes().cloned().collect();
         let evidence = Evidence {
@@ -1695,6 +1705,38 @@ impl InvestigationJob {
             trigger: self.trigger,
             verdict,
             evidence: written,
+        }
+    }
+}
+
+impl InvestigationJob {
+    /// Records `verdict` in the node's history (an abandonable child, [`HISTORY_DEADLINE`]) and says when its
+    /// cause was seen before. `None` when there is no history or it could not be written (a warning).
+    fn record_history(&self, verdict: &Verdict) -> Option<hangwatch_model::Recurrence> {
+        let db = self.history_db.as_ref()?;
+        let request = hangwatch_history::HistoryRequest::new(
+            verdict,
+            self.node.clone().unwrap_or_else(|| "this node".into()),
+            self.job_id.clone(),
+            Some(self.report_dir.clone()),
+            unix_now(),
+        );
+        match crate::history::record_abandonable(&self.program, db, &request, HISTORY_DEADLINE) {
+            Ok(recurrence) => {
+                if recurrence.seen_before > 0 {
+                    say(format!(
+                        "hangwatch: this cause was {} (hangwatch history)",
+                        recurrence.sentence()
+                    ));
+                }
+                Some(recurrence)
+            }
+            Err(e) => {
+                say(format!(
+                    "hangwatch: warning: the verdict was not recorded in the history: {e}"
+                ));
+                None
+            }
         }
     }
 }

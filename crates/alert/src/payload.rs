@@ -102,6 +102,14 @@ impl Alert {
                 .collect();
             line.push_str(&format!(". Done: {}", done.join("; ")));
         }
+        if let Some(seen) = self
+            .verdict
+            .recurrence
+            .as_ref()
+            .filter(|r| r.seen_before > 0)
+        {
+            line.push_str(&format!(". This cause was {}", seen.sentence()));
+        }
         if let Some(evidence) = &self.evidence {
             line.push_str(&format!(". Evidence: {evidence}"));
         }

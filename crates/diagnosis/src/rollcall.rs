@@ -506,6 +506,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
                 .collect()
         },
         nodes_not_seen,
+        recurrence: None,
     }
 }
 

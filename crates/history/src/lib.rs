@@ -6,15 +6,14 @@
 pub mod db;
 pub mod fingerprint;
 pub mod request;
-pub mod when;
 
 pub use db::{
-    CauseSummary, HistoryDb, HistoryEntry, HistoryError, NewEntry, Query, Recurrence, BUSY_TIMEOUT,
+    CauseSummary, HistoryDb, HistoryEntry, HistoryError, NewEntry, Query, BUSY_TIMEOUT,
     SCHEMA_VERSION,
 };
 pub use fingerprint::{normalize_mount, Fingerprint};
+pub use hangwatch_model::{utc_time, Recurrence};
 pub use request::{record_child_main, HistoryRequest};
-pub use when::utc_time;
 
 /// The database's file name in the state directory.
 pub const DB_FILE_NAME: &str = "history.sqlite";

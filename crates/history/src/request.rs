@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use hangwatch_model::{error_chain, Verdict};
 use serde::{Deserialize, Serialize};
 
-use crate::db::{HistoryDb, NewEntry, Recurrence};
+use crate::db::{HistoryDb, NewEntry};
 use crate::fingerprint::Fingerprint;
+use hangwatch_model::Recurrence;
 
 /// One verdict to record, as the child reads it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

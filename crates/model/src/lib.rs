@@ -7,12 +7,14 @@ mod clock;
 mod errors;
 mod node;
 mod observation;
+mod recurrence;
 mod timeline;
 mod verdict;
 
-pub use clock::unix_now;
+pub use clock::{unix_now, utc_time};
 pub use errors::error_chain;
 pub use node::*;
 pub use observation::*;
+pub use recurrence::Recurrence;
 pub use timeline::*;
 pub use verdict::*;

@@ -97,6 +97,10 @@ pub struct Verdict {
     /// Nodes of the job whose observations did not arrive: their ranks are not in this verdict.
     #[serde(default)]
     pub nodes_not_seen: Vec<String>,
+    /// This cause on this machine before, from the node's verdict history; `null` when not recorded (`dump`, or
+    /// the history could not be written).
+    #[serde(default)]
+    pub recurrence: Option<crate::Recurrence>,
 }
 
 impl Verdict {
@@ -119,6 +123,7 @@ impl Verdict {
             warnings,
             ranks: _,
             nodes_not_seen,
+            recurrence,
         } = self;
         Verdict {
             version: *version,
@@ -135,6 +140,7 @@ impl Verdict {
             warnings: warnings.clone(),
             ranks: Vec::new(),
             nodes_not_seen: nodes_not_seen.clone(),
+            recurrence: recurrence.clone(),
         }
     }
 
@@ -155,6 +161,7 @@ impl Verdict {
             warnings: Vec::new(),
             ranks: Vec::new(),
             nodes_not_seen: Vec::new(),
+            recurrence: None,
         }
     }
 }

@@ -223,6 +223,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         node: hangwatch_inspect::rollcall::hostname(),
         job_id: None,
         alerter: std::sync::Arc::new(hangwatch_alert::Alerter::none()),
+        // The demo's staged hang is not this machine's history.
+        history_db: None,
         failed_rank_grace: Duration::from_secs(10),
         coordinator: None,
         fs_stall: Duration::from_secs(15),

@@ -276,6 +276,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         node: node_name.clone(),
         job_id: Some(job_id.clone()),
         alerter: std::sync::Arc::clone(&alerter),
+        history_db: Some(crate::dirs::history_db_path()),
         failed_rank_grace: args
             .stall_after
             .map(|d| d / 2)

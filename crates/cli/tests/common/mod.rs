@@ -165,6 +165,10 @@ impl HangwatchRun {
             .prefix("hangwatch-run-test-")
             .tempdir()
             .expect("temporary report directory");
+        // Each run records its verdicts in a history of its own, unless the test shares one on purpose.
+        if !cmd.get_envs().any(|(k, _)| k == "HANGWATCH_STATE_DIR") {
+            cmd.env("HANGWATCH_STATE_DIR", report.path().join("state"));
+        }
         cmd.arg("run")
             .arg("--report-dir")
             .arg(report.path())

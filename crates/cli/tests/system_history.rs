@@ -1,0 +1,121 @@
+//! The node's verdict history as an admin meets it: two real hangs with the same cause (rank 0's log on an ext4
+//! that freezes, a new loop mount each time), one after the other on this machine; the second verdict says the
+//! cause was seen before, and `hangwatch history` lists both as one recurring cause.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use hangwatch_testkit::{python, require, wait_until, LoopExt4};
+use serde_json::Value;
+
+/// One hang: a 2-rank job whose rank 0 logs onto a fresh ext4 that freezes; the history in `state`.
+/// The run is returned with its result: its report directory lives as long as it does.
+fn hang_once(state: &Path) -> (HangwatchRun, Finished) {
+    let py = python().expect("python");
+    let fs = LoopExt4::new(64).expect("loop ext4");
+    let log = fs.path().join("rank0.log");
+    let log_s = log.to_string_lossy().into_owned();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
+    cmd.env("HANGWATCH_STATE_DIR", state);
+    let mut run = HangwatchRun::start_in(
+        cmd,
+        &["--nproc", "2", "--stall-after", STALL_AFTER, "--quiet"],
+        &rank_job(
+            py,
+            &["--step-time", "0.1", "--log", &log_s, "--only-rank", "0"],
+        ),
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= 3),
+        "rank 0 never logged:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    let frozen = fs.freeze().expect("freeze");
+    let done = run.finish(STALL + Duration::from_secs(40));
+    frozen.thaw().expect("thaw");
+    (run, done)
+}
+
+#[test]
+fn the_same_cause_twice_is_a_recurrence_in_the_verdict_and_in_hangwatch_history() {
+    require!(python());
+    require!(LoopExt4::new(16));
+    let state = tempfile::tempdir().unwrap();
+
+    let (_first_run, first) = hang_once(state.path());
+    first.assert_code(75);
+    assert_eq!(
+        first.json["kind"],
+        "blocked_in_kernel",
+        "{}",
+        first.describe()
+    );
+    assert_eq!(
+        first.json["recurrence"]["seen_before"],
+        0,
+        "{}",
+        first.describe()
+    );
+
+    let (_second_run, second) = hang_once(state.path());
+    second.assert_code(75);
+    let recurrence = &second.json["recurrence"];
+    assert_eq!(recurrence["seen_before"], 1, "{}", second.describe());
+    assert_eq!(
+        recurrence["fingerprint"],
+        first.json["recurrence"]["fingerprint"]
+    );
+    assert!(
+        second.stderr.contains("this cause was seen 1 time before"),
+        "{}",
+        second.stderr
+    );
+    let text = std::fs::read_to_string(second.report_dir.join("verdict.txt")).unwrap();
+    assert!(text.contains("this cause was seen 1 time before"), "{text}");
+
+    let history = Command::new(env!("CARGO_BIN_EXE_hangwatch"))
+        .args(["history", "--json"])
+        .env("HANGWATCH_STATE_DIR", state.path())
+        .output()
+        .unwrap();
+    assert!(
+        history.status.success(),
+        "{}",
+        String::from_utf8_lossy(&history.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&history.stdout).unwrap();
+    let entries = listed
+        .as_array()
+        .or_else(|| listed["verdicts"].as_array())
+        .unwrap_or_else(|| panic!("history --json: {listed:#}"));
+    assert_eq!(entries.len(), 2, "{listed:#}");
+    let dirs: Vec<String> = [&first, &second]
+        .iter()
+        .map(|d| d.report_dir.display().to_string())
+        .collect();
+    for entry in entries {
+        assert_eq!(entry["kind"], "blocked_in_kernel", "{entry:#}");
+        assert!(entry.to_string().contains("\"write\""), "{entry:#}");
+        assert!(
+            dirs.iter().any(|d| entry.to_string().contains(d.as_str())),
+            "{entry:#} names neither bundle {dirs:?}"
+        );
+    }
+    let table = Command::new(env!("CARGO_BIN_EXE_hangwatch"))
+        .args(["history", "--by-cause"])
+        .env("HANGWATCH_STATE_DIR", state.path())
+        .output()
+        .unwrap();
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&table.stdout),
+        String::from_utf8_lossy(&table.stderr)
+    );
+    assert!(shown.contains("write"), "{shown}");
+    assert!(shown.contains('2'), "{shown}");
+}
