@@ -62,6 +62,9 @@ enum Command {
     /// Internal: write evidence files in a process `run` can abandon.
     #[command(name = "__write-evidence", hide = true)]
     WriteEvidence(commands::job_children::EvidenceArgs),
+    /// Internal: write the node_exporter metrics textfile in a process `run` can abandon.
+    #[command(name = "__write-textfile", hide = true)]
+    WriteTextfile(commands::metrics::TextfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -87,6 +90,7 @@ fn main() -> ExitCode {
         Command::LogWriter(args) => commands::log_writer::run(args),
         Command::JobReaper(args) => commands::job_children::run_reaper(args),
         Command::WriteEvidence(args) => commands::job_children::run_evidence_writer(args),
+        Command::WriteTextfile(args) => commands::metrics::run_textfile_writer(args),
     };
     exit::finish(result)
 }
@@ -126,5 +130,6 @@ fn command_name(command: &Command) -> &'static str {
         Command::LogWriter(_) => "__log-writer",
         Command::JobReaper(_) => "__job-reaper",
         Command::WriteEvidence(_) => "__write-evidence",
+        Command::WriteTextfile(_) => "__write-textfile",
     }
 }

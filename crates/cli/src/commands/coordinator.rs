@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -13,6 +14,7 @@ use hangwatch_agent::human::say;
 use hangwatch_agent::render::{rank_ranges, verdict_text};
 use hangwatch_coordinator::{Config, Coordinator, JobEnding, JobEvent, SuperviseOptions};
 use hangwatch_diagnosis::OnHang;
+use hangwatch_metrics::{CoordinatorMetrics, Exposition, NodeSeen, NodeState};
 use hangwatch_rpc::JobToken;
 use tokio::sync::mpsc;
 
@@ -48,6 +50,9 @@ pub struct Args {
     /// a new coordinator-<UTC time>-<pid> under /var/tmp/hangwatch-<uid>].
     #[arg(long)]
     report_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, or :PORT for every interface (docs/metrics.md).
+    #[arg(long, value_name = "ADDR", value_parser = crate::commands::metrics::parse_metrics_addr)]
+    metrics: Option<SocketAddr>,
 }
 
 /// Exit code of the coordinator when it ended a hung job (as the agents').
@@ -84,6 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let report =
         crate::dirs::open_report_dir(args.report_dir.as_deref(), "coordinator").map_err(usage)?;
     let report_dir = report.path().to_path_buf();
+    let metrics = Arc::new(CoordinatorMetrics::new(args.job_id.as_deref()));
     let mut config = Config::new(token);
     config.job_id = args.job_id;
     config.expected_nodes = args.nnodes;
@@ -109,7 +115,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("cannot watch SIGTERM")?;
-        let serving = Serving::start(Coordinator::new(config), listener, Some(report_dir.clone()));
+        let serving = Serving::start(
+            Coordinator::new(config),
+            listener,
+            Some(report_dir.clone()),
+            Arc::clone(&metrics),
+        );
+        let _metrics_server = match args.metrics {
+            Some(addr) => Some(crate::commands::metrics::serve(
+                "hangwatch coordinator",
+                addr,
+                serving.exposition(args.nnodes),
+            )?),
+            None => None,
+        };
         let ending = tokio::select! {
             ending = serving.coordinator.supervise(options, serving.events.clone()) => Some(ending),
             _ = tokio::signal::ctrl_c() => None,
@@ -158,11 +177,17 @@ async fn print_events(
     mut events: mpsc::UnboundedReceiver<JobEvent>,
     who: &'static str,
     keep: Option<PathBuf>,
+    metrics: Arc<CoordinatorMetrics>,
 ) {
     let program =
         hangwatch_inspect::child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
     while let Some(event) = events.recv().await {
         say(format!("{who}: {}", describe(&event)));
+        match &event {
+            JobEvent::RollCallOrdered { .. } => metrics.roll_call(),
+            JobEvent::Verdict { verdict, .. } => metrics.verdict(verdict.kind),
+            _ => {}
+        }
         if let (JobEvent::Verdict { verdict, .. }, Some(dir)) = (&event, &keep) {
             let files = hangwatch_agent::evidence::verdict_files(verdict);
             let (program, dir) = (program.clone(), dir.clone());
@@ -260,6 +285,7 @@ pub struct HostedCoordinator {
     /// The job's policy, running until this node's agent is done.
     policy: tokio::task::JoinHandle<JobEnding>,
     runtime: tokio::runtime::Runtime,
+    expected_nodes: Option<usize>,
 }
 
 impl HostedCoordinator {
@@ -277,12 +303,14 @@ impl HostedCoordinator {
         std_listener
             .set_nonblocking(true)
             .context("cannot set up the coordinator's socket")?;
+        let expected_nodes = config.expected_nodes;
         let serving = {
             let _guard = runtime.enter();
             let listener = tokio::net::TcpListener::from_std(std_listener)
                 .context("cannot set up the coordinator's socket")?;
             // The hosting agent's evidence holds the job's verdict already: none is kept apart.
-            Serving::start(Coordinator::new(config), listener, None)
+            let metrics = Arc::new(CoordinatorMetrics::new(config.job_id.as_deref()));
+            Serving::start(Coordinator::new(config), listener, None, metrics)
         };
         let (coordinator, events) = (serving.coordinator.clone(), serving.events.clone());
         let policy = runtime.spawn(async move {
@@ -303,7 +331,13 @@ impl HostedCoordinator {
             serving,
             policy,
             runtime,
+            expected_nodes,
         })
+    }
+
+    /// The coordinator's metrics, brought up to date at each scrape (served with the agent's by `run --metrics`).
+    pub fn metrics(&self) -> Arc<dyn Exposition> {
+        self.serving.exposition(self.expected_nodes)
     }
 
     /// This node's job is over: keep serving (at most `wait`) until every other node has left or gone silent, so
@@ -337,6 +371,7 @@ struct Serving {
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<Result<(), hangwatch_coordinator::ServeError>>,
     printer: tokio::task::JoinHandle<()>,
+    metrics: Arc<CoordinatorMetrics>,
 }
 
 impl Serving {
@@ -345,20 +380,52 @@ impl Serving {
         coordinator: Coordinator,
         listener: tokio::net::TcpListener,
         keep: Option<PathBuf>,
+        metrics: Arc<CoordinatorMetrics>,
     ) -> Self {
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(coordinator.clone().serve(listener, async move {
             let _ = stop_rx.await;
         }));
         let (events, events_rx) = mpsc::unbounded_channel();
-        let printer = tokio::spawn(print_events(events_rx, "hangwatch coordinator", keep));
+        let printer = tokio::spawn(print_events(
+            events_rx,
+            "hangwatch coordinator",
+            keep,
+            Arc::clone(&metrics),
+        ));
         Self {
             coordinator,
             events,
             stop,
             server,
             printer,
+            metrics,
         }
+    }
+
+    /// The metrics, with the membership read at each scrape (the counters are fed from the events).
+    fn exposition(&self, expected_nodes: Option<usize>) -> Arc<dyn Exposition> {
+        let coordinator = self.coordinator.clone();
+        let metrics = Arc::clone(&self.metrics);
+        Arc::new(move || {
+            let unreachable = coordinator.unreachable_nodes();
+            let members = coordinator.members();
+            metrics.set_nodes(
+                expected_nodes,
+                members.iter().map(|m| NodeSeen {
+                    node: &m.node,
+                    state: if m.left.is_some() {
+                        NodeState::Left
+                    } else if unreachable.contains(&m.node) {
+                        NodeState::Unreachable
+                    } else {
+                        NodeState::Joined
+                    },
+                    silent_for: m.last_heard.elapsed(),
+                }),
+            );
+            metrics.encode()
+        })
     }
 
     /// Stops serving (the server has 3 s to let the agents' streams go) and says what the events still had to say.

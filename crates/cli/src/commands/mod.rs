@@ -8,6 +8,7 @@ pub mod job_children;
 pub mod kmsg;
 pub mod log_sink;
 pub mod log_writer;
+pub mod metrics;
 pub mod not_yet;
 pub mod own_output;
 pub mod probe;
