@@ -10,6 +10,7 @@ pub mod kernel_log;
 pub mod launch;
 pub mod link;
 pub mod members;
+pub mod metrics_feed;
 pub mod output;
 pub mod policy;
 pub mod progress;

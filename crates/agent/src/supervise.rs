@@ -88,6 +88,8 @@ pub struct RunConfig {
     /// The job's coordinator (multi-node): while it is reachable it decides about hangs from every node's view;
     /// without it (or while it is gone) this node decides alone.
     pub coordinator: Option<LinkConfig>,
+    /// Prometheus metrics (`--metrics`, `--metrics-textfile`), fed every tick.
+    pub metrics: Option<Arc<hangwatch_metrics::AgentMetrics>>,
 }
 
 /// How the run ended.
@@ -616,6 +618,9 @@ impl Supervisor {
                     Trigger::FsStall => hangwatch_diagnosis::is_confirmed_stuck(&verdict),
                     _ => is_conclusive(&verdict),
                 };
+                if let Some(m) = &self.config.metrics {
+                    m.verdict(verdict.kind)
+                }
                 self.last_verdict = Some(verdict);
                 Input::RollCallDone {
                     trigger,
@@ -780,6 +785,7 @@ impl Supervisor {
     fn tick(&mut self) -> Option<RunOutcome> {
         self.take_progress();
         let now = self.now();
+        self.feed_metrics(now);
         for p in self.procs.iter_mut() {
             let was = p.exit.is_some() || p.exited_at.is_some();
             if !was && p.has_exited() {
@@ -1227,6 +1233,28 @@ impl Supervisor {
             })
             .collect();
         self.fs_stall.observe(&samples, now);
+    }
+
+    /// The metrics' update of this tick (see [`crate::metrics_feed`]).
+    fn feed_metrics(&self, now: Duration) {
+        let Some(metrics) = &self.config.metrics else {
+            return;
+        };
+        let ranks = self.procs.iter();
+        let ranks =
+            ranks.filter_map(|p| Some((p.rank?, p.exit.is_some() || p.exited_at.is_some())));
+        crate::metrics_feed::feed(
+            metrics,
+            crate::metrics_feed::FeedInput {
+                detector: &self.detector,
+                now,
+                ranks: ranks.collect(),
+                heartbeats: self.heartbeats.counts(),
+                progress_dropped: self.board.dropped(),
+                console_dropped: self.console.as_ref().map(Console::dropped),
+                prober: &self.prober,
+            },
+        );
     }
 
     fn thresholds_record(&self, threshold: &Threshold, stalled_for: Duration) -> ThresholdsRecord {

@@ -73,6 +73,21 @@ pub struct AlertContext<'a> {
     pub report_dir: &'a Path,
 }
 
+/// Counts every delivery of `alerter` in metrics: `sent(target)` or `failed(target)`.
+pub fn count_deliveries(
+    alerter: &Alerter,
+    sent: impl Fn(hangwatch_alert::TargetKind) + Send + Sync + 'static,
+    failed: impl Fn(hangwatch_alert::TargetKind) + Send + Sync + 'static,
+) {
+    alerter.on_delivery(Box::new(move |d| {
+        if d.ok {
+            sent(d.target)
+        } else {
+            failed(d.target)
+        }
+    }));
+}
+
 /// Sends the acted alert for `verdict` (with what was done).
 pub fn send_acted(alerter: &Alerter, verdict: &Verdict, context: &AlertContext) {
     let mut alert = Alert::new(Stage::Acted, verdict, unix_now());

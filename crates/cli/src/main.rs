@@ -66,6 +66,9 @@ enum Command {
     /// Internal: record a verdict in the node's history in a process `run` can abandon.
     #[command(name = "__record-history", hide = true)]
     RecordHistory(commands::history::RecordArgs),
+    /// Internal: write the node_exporter metrics textfile in a process `run` can abandon.
+    #[command(name = "__write-textfile", hide = true)]
+    WriteTextfile(commands::metrics::TextfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -91,6 +94,7 @@ fn main() -> ExitCode {
         Command::JobReaper(args) => commands::job_children::run_reaper(args),
         Command::WriteEvidence(args) => commands::job_children::run_evidence_writer(args),
         Command::RecordHistory(args) => commands::history::run_record(args),
+        Command::WriteTextfile(args) => commands::metrics::run_textfile_writer(args),
     };
     exit::finish(result)
 }
@@ -131,5 +135,6 @@ fn command_name(command: &Command) -> &'static str {
         Command::JobReaper(_) => "__job-reaper",
         Command::WriteEvidence(_) => "__write-evidence",
         Command::RecordHistory(_) => "__record-history",
+        Command::WriteTextfile(_) => "__write-textfile",
     }
 }

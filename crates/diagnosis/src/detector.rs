@@ -333,6 +333,25 @@ impl Detector {
         now.saturating_sub(last)
     }
 
+    /// When each rank last made progress, by the source the detector judges by (the strongest the job has shown)
+    /// or, for a rank that never showed that one, its latest of any source. For metrics; `None` ranks are output
+    /// not attributable to a rank.
+    pub fn rank_progress(&self) -> impl Iterator<Item = (Option<u32>, Duration)> + '_ {
+        let source = self.source();
+        self.ranks.iter().filter_map(move |(rank, state)| {
+            let last = source
+                .and_then(|s| state.last.get(&s).copied())
+                .or_else(|| state.last.values().max().copied())?;
+            Some((*rank, last))
+        })
+    }
+
+    /// When the detector started watching (the time without progress of a rank that made none is counted from
+    /// here).
+    pub fn started(&self) -> Duration {
+        self.started
+    }
+
     /// The decision now.
     pub fn check(&self, now: Duration) -> StallState {
         let threshold = self.threshold();
@@ -671,5 +690,16 @@ mod tests {
         d.phase_begin(Some(0), "save", s(10.0));
         d.progress_batch(Some(0), ProgressSource::Heartbeat, batch(9.0, 9.5, 2, 0.5));
         assert_eq!(d.stalled_for(s(11.0)), s(1.0));
+    }
+
+    #[test]
+    fn each_rank_s_progress_is_by_the_job_s_strongest_source_else_its_latest() {
+        let mut d = Detector::new(fast_config(), s(0.0));
+        d.progress(Some(0), ProgressSource::Heartbeat, s(5.0));
+        d.progress(Some(0), ProgressSource::Output, s(9.0));
+        d.progress(Some(1), ProgressSource::Output, s(7.0));
+        let mut seen: Vec<(Option<u32>, Duration)> = d.rank_progress().collect();
+        seen.sort();
+        assert_eq!(seen, [(Some(0), s(5.0)), (Some(1), s(7.0))]);
     }
 }

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -13,6 +14,7 @@ use hangwatch_agent::human::say;
 use hangwatch_agent::render::{rank_ranges, verdict_text};
 use hangwatch_coordinator::{Config, Coordinator, JobEnding, JobEvent, SuperviseOptions};
 use hangwatch_diagnosis::OnHang;
+use hangwatch_metrics::{CoordinatorMetrics, Exposition, NodeSeen, NodeState};
 use hangwatch_rpc::JobToken;
 use tokio::sync::mpsc;
 
@@ -50,6 +52,9 @@ pub struct Args {
     report_dir: Option<PathBuf>,
     #[command(flatten)]
     alerts: crate::alerts::AlertArgs,
+    /// Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, or :PORT for every interface (docs/metrics.md).
+    #[arg(long, value_name = "ADDR", value_parser = crate::commands::metrics::parse_metrics_addr)]
+    metrics: Option<SocketAddr>,
 }
 
 /// Exit code of the coordinator when it ended a hung job (as the agents').
@@ -92,6 +97,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         job: args.job_id.clone(),
         evidence: format!("{}:{}", this_host(), report_dir.display()),
     };
+    let metrics = Arc::new(CoordinatorMetrics::new(args.job_id.as_deref()));
+    let (sent, failed) = (Arc::clone(&metrics), Arc::clone(&metrics));
+    crate::alerts::count_deliveries(
+        &alerter,
+        move |t| sent.alert_sent(t),
+        move |t| failed.alert_failed(t),
+    );
     let mut config = Config::new(token);
     config.job_id = args.job_id;
     config.expected_nodes = args.nnodes;
@@ -122,7 +134,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             listener,
             Some(report_dir.clone()),
             alerts,
+            Arc::clone(&metrics),
         );
+        let _metrics_server = match args.metrics {
+            Some(addr) => Some(crate::commands::metrics::serve(
+                "hangwatch coordinator",
+                addr,
+                serving.exposition(args.nnodes),
+            )?),
+            None => None,
+        };
         let ending = tokio::select! {
             ending = serving.coordinator.supervise(options, serving.events.clone()) => Some(ending),
             _ = tokio::signal::ctrl_c() => None,
@@ -173,6 +194,7 @@ async fn print_events(
     who: &'static str,
     keep: Option<PathBuf>,
     alerts: JobAlerts,
+    metrics: Arc<CoordinatorMetrics>,
 ) {
     let program =
         hangwatch_inspect::child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
@@ -180,6 +202,11 @@ async fn print_events(
     while let Some(event) = events.recv().await {
         say(format!("{who}: {}", describe(&event)));
         alerts.on_event(&event, &mut last_verdict);
+        match &event {
+            JobEvent::RollCallOrdered { .. } => metrics.roll_call(),
+            JobEvent::Verdict { verdict, .. } => metrics.verdict(verdict.kind),
+            _ => {}
+        }
         if let (JobEvent::Verdict { verdict, .. }, Some(dir)) = (&event, &keep) {
             let files = hangwatch_agent::evidence::verdict_files(verdict);
             let (program, dir) = (program.clone(), dir.clone());
@@ -327,6 +354,7 @@ pub struct HostedCoordinator {
     /// The job's policy, running until this node's agent is done.
     policy: tokio::task::JoinHandle<JobEnding>,
     runtime: tokio::runtime::Runtime,
+    expected_nodes: Option<usize>,
 }
 
 impl HostedCoordinator {
@@ -349,12 +377,14 @@ impl HostedCoordinator {
         std_listener
             .set_nonblocking(true)
             .context("cannot set up the coordinator's socket")?;
+        let expected_nodes = config.expected_nodes;
         let serving = {
             let _guard = runtime.enter();
             let listener = tokio::net::TcpListener::from_std(std_listener)
                 .context("cannot set up the coordinator's socket")?;
             // The hosting agent's evidence holds the job's verdict already: none is kept apart.
-            Serving::start(Coordinator::new(config), listener, None, alerts)
+            let metrics = Arc::new(CoordinatorMetrics::new(config.job_id.as_deref()));
+            Serving::start(Coordinator::new(config), listener, None, alerts, metrics)
         };
         let (coordinator, events) = (serving.coordinator.clone(), serving.events.clone());
         let policy = runtime.spawn(async move {
@@ -375,7 +405,13 @@ impl HostedCoordinator {
             serving,
             policy,
             runtime,
+            expected_nodes,
         })
+    }
+
+    /// The coordinator's metrics, brought up to date at each scrape (served with the agent's by `run --metrics`).
+    pub fn metrics(&self) -> Arc<dyn Exposition> {
+        self.serving.exposition(self.expected_nodes)
     }
 
     /// This node's job is over: keep serving (at most `wait`) until every other node has left or gone silent, so
@@ -409,6 +445,7 @@ struct Serving {
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<Result<(), hangwatch_coordinator::ServeError>>,
     printer: tokio::task::JoinHandle<()>,
+    metrics: Arc<CoordinatorMetrics>,
 }
 
 impl Serving {
@@ -418,6 +455,7 @@ impl Serving {
         listener: tokio::net::TcpListener,
         keep: Option<PathBuf>,
         alerts: JobAlerts,
+        metrics: Arc<CoordinatorMetrics>,
     ) -> Self {
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(coordinator.clone().serve(listener, async move {
@@ -429,6 +467,7 @@ impl Serving {
             "hangwatch coordinator",
             keep,
             alerts,
+            Arc::clone(&metrics),
         ));
         Self {
             coordinator,
@@ -436,7 +475,33 @@ impl Serving {
             stop,
             server,
             printer,
+            metrics,
         }
+    }
+
+    /// The metrics, with the membership read at each scrape (the counters are fed from the events).
+    fn exposition(&self, expected_nodes: Option<usize>) -> Arc<dyn Exposition> {
+        let coordinator = self.coordinator.clone();
+        let metrics = Arc::clone(&self.metrics);
+        Arc::new(move || {
+            let unreachable = coordinator.unreachable_nodes();
+            let members = coordinator.members();
+            metrics.set_nodes(
+                expected_nodes,
+                members.iter().map(|m| NodeSeen {
+                    node: &m.node,
+                    state: if m.left.is_some() {
+                        NodeState::Left
+                    } else if unreachable.contains(&m.node) {
+                        NodeState::Unreachable
+                    } else {
+                        NodeState::Joined
+                    },
+                    silent_for: m.last_heard.elapsed(),
+                }),
+            );
+            metrics.encode()
+        })
     }
 
     /// Stops serving (the server has 3 s to let the agents' streams go) and says what the events still had to say.

@@ -228,6 +228,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         failed_rank_grace: Duration::from_secs(10),
         coordinator: None,
         fs_stall: Duration::from_secs(15),
+        metrics: None,
     };
     let started = Instant::now();
     let outcome = supervise(config)?;

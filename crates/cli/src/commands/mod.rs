@@ -10,6 +10,7 @@ pub mod job_children;
 pub mod kmsg;
 pub mod log_sink;
 pub mod log_writer;
+pub mod metrics;
 pub mod own_output;
 pub mod probe;
 pub mod read_strings;

@@ -3,12 +3,14 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hangwatch_agent::human::say;
 use hangwatch_agent::launch::{check_program, LaunchSpec};
 use hangwatch_agent::supervise::{run as supervise, OnHang, RunConfig, EXIT_HUNG};
 use hangwatch_diagnosis::DetectorConfig;
+use hangwatch_metrics::{textfile_name, AgentMetrics};
 
 use crate::duration::{parse_duration, parse_nonzero_duration};
 use crate::exit::usage;
@@ -112,6 +114,13 @@ pub struct Args {
     keep_runs: usize,
     #[command(flatten)]
     alerts: crate::alerts::AlertArgs,
+    /// Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, or :PORT for every interface (docs/metrics.md).
+    #[arg(long, value_name = "ADDR", value_parser = crate::commands::metrics::parse_metrics_addr)]
+    metrics: Option<std::net::SocketAddr>,
+    /// Also write the metrics for node_exporter's textfile collector into DIR (its
+    /// --collector.textfile.directory): hangwatch_<job id>_<node>.prom, every 15 s and at the end (job_up 0).
+    #[arg(long, value_name = "DIR")]
+    metrics_textfile: Option<PathBuf>,
     /// Print the verdict (or a run summary) as one JSON document on stdout; the job's output goes to stderr.
     #[arg(long)]
     json: bool,
@@ -218,6 +227,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .ok_or_else(|| usage("no command to run: put it after `--`"))?;
     check_program(program).map_err(|e| usage(format!("cannot run the job: {e}")))?;
     let alerter = std::sync::Arc::new(args.alerts.alerter()?);
+    if let Some(dir) = &args.metrics_textfile {
+        crate::commands::metrics::check_textfile_dir(dir)?;
+    }
     let rotation = hangwatch_logsink::Rotation::new(args.log_max_size, args.log_keep)
         .map_err(|e| usage(format!("--log-keep 0: {e}")))?;
     // Held open until the run ends: its lock keeps a concurrent run's pruning away from it.
@@ -241,6 +253,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         )?),
     };
 
+    let metrics_node = node_name.clone().unwrap_or_else(|| "localhost".into());
+    let agent_metrics = (args.metrics.is_some() || args.metrics_textfile.is_some())
+        .then(|| Arc::new(AgentMetrics::new(&job_id, &metrics_node)));
+    if let Some(metrics) = &agent_metrics {
+        let (sent, failed) = (Arc::clone(metrics), Arc::clone(metrics));
+        crate::alerts::count_deliveries(
+            &alerter,
+            move |t| sent.alert_sent(t),
+            move |t| failed.alert_failed(t),
+        );
+    }
     let config = RunConfig {
         launch: LaunchSpec {
             command: args.command.clone(),
@@ -284,6 +307,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .min(Duration::from_secs(30)),
         coordinator: coordination.as_ref().map(|c| c.link.clone()),
         fs_stall: args.fs_stall,
+        metrics: agent_metrics.clone(),
     };
     let hosted = match coordination.as_ref().and_then(|c| c.host.as_ref()) {
         Some((listen, config)) => Some(crate::commands::coordinator::HostedCoordinator::start(
@@ -299,6 +323,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     report_dir.display()
                 ),
             },
+        )?),
+        None => None,
+    };
+    let metrics_outlets = match agent_metrics {
+        Some(metrics) => Some(crate::commands::metrics::AgentOutlets::start(
+            metrics,
+            args.metrics,
+            hosted.as_ref().map(|h| h.metrics()),
+            args.metrics_textfile
+                .as_deref()
+                .map(|dir| (dir, textfile_name(&job_id, &metrics_node))),
         )?),
         None => None,
     };
@@ -354,6 +389,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             1
         }
     };
+    if let Some(outlets) = metrics_outlets {
+        outlets.finish();
+    }
     if let Some(hosted) = hosted {
         // The other nodes may still be ending their ranks on its order: let them leave first (bounded).
         hosted.finish(args.grace + Duration::from_secs(10));
