@@ -157,6 +157,7 @@ fn a_receiver_that_never_answers_does_not_hold_up_the_end_and_the_failure_is_kep
     // Refuses connections: fails at once, retried until its deadline.
     let refused_port = hangwatch_testkit::free_tcp_port().unwrap();
     let refused_url = format!("http://127.0.0.1:{refused_port}");
+    let textfiles = tempfile::tempdir().unwrap();
     let (mut run, frozen, frozen_at) = hung_job(
         &fs,
         &[
@@ -166,6 +167,12 @@ fn a_receiver_that_never_answers_does_not_hold_up_the_end_and_the_failure_is_kep
             &refused_url,
             "--alert-deadline",
             "4s",
+            "--job-id",
+            "77",
+            "--node-name",
+            "n1",
+            "--metrics-textfile",
+            textfiles.path().to_str().unwrap(),
         ],
     );
     let done = run.finish(STALL + Duration::from_secs(60));

@@ -389,14 +389,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             1
         }
     };
-    if let Some(outlets) = metrics_outlets {
-        outlets.finish();
-    }
     if let Some(hosted) = hosted {
         // The other nodes may still be ending their ranks on its order: let them leave first (bounded).
         hosted.finish(args.grace + Duration::from_secs(10));
     }
     crate::alerts::finish(&alerter, &report_dir);
+    // Last: the final metrics count the alerts that finished above.
+    if let Some(outlets) = metrics_outlets {
+        outlets.finish();
+    }
     if let Some(own) = own_output {
         // What hangwatch said last must reach the redirected stream before it is closed.
         hangwatch_agent::human::flush(Duration::from_secs(3));
