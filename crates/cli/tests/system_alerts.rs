@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use hangwatch_testkit::{python, require, wait_until, AlertReceiver, LoopExt4};
+use hangwatch_testkit::{python, require, AlertReceiver, LoopExt4};
 use serde_json::Value;
 
 /// Starts a 3-rank job whose rank 0 logs onto `fs`, waits for it to step, and freezes `fs`.
@@ -15,24 +15,9 @@ fn hung_job(
     fs: &LoopExt4,
     flags: &[&str],
 ) -> (HangwatchRun, hangwatch_testkit::FrozenGuard, Instant) {
-    let py = python().expect("python");
-    let log = fs.path().join("rank0.log");
-    let log_s = log.to_string_lossy().into_owned();
     let mut all = vec!["--nproc", "3", "--stall-after", STALL_AFTER, "--quiet"];
     all.extend_from_slice(flags);
-    let mut run = HangwatchRun::start(
-        &all,
-        &rank_job(
-            py,
-            &["--step-time", "0.1", "--log", &log_s, "--only-rank", "0"],
-        ),
-    );
-    assert!(
-        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= 3),
-        "rank 0 never logged:\n{}",
-        run.stderr_text()
-    );
-    run.track_descendants();
+    let run = start_logging_onto(hangwatch(), fs, 0, 3, &all);
     let frozen = fs.freeze().expect("freeze");
     (run, frozen, Instant::now())
 }

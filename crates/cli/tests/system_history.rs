@@ -5,36 +5,25 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use hangwatch_testkit::{python, require, wait_until, LoopExt4};
+use hangwatch_testkit::{python, require, LoopExt4};
 use serde_json::Value;
 
 /// One hang: a 2-rank job whose rank 0 logs onto a fresh ext4 that freezes; the history in `state`.
 /// The run is returned with its result: its report directory lives as long as it does.
 fn hang_once(state: &Path) -> (HangwatchRun, Finished) {
-    let py = python().expect("python");
     let fs = LoopExt4::new(64).expect("loop ext4");
-    let log = fs.path().join("rank0.log");
-    let log_s = log.to_string_lossy().into_owned();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
+    let mut cmd = hangwatch();
     cmd.env("HANGWATCH_STATE_DIR", state);
-    let mut run = HangwatchRun::start_in(
+    let mut run = start_logging_onto(
         cmd,
+        &fs,
+        0,
+        3,
         &["--nproc", "2", "--stall-after", STALL_AFTER, "--quiet"],
-        &rank_job(
-            py,
-            &["--step-time", "0.1", "--log", &log_s, "--only-rank", "0"],
-        ),
     );
-    assert!(
-        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= 3),
-        "rank 0 never logged:\n{}",
-        run.stderr_text()
-    );
-    run.track_descendants();
     let frozen = fs.freeze().expect("freeze");
     let done = run.finish(STALL + Duration::from_secs(40));
     frozen.thaw().expect("thaw");
@@ -78,7 +67,7 @@ fn the_same_cause_twice_is_a_recurrence_in_the_verdict_and_in_hangwatch_history(
     let text = std::fs::read_to_string(second.report_dir.join("verdict.txt")).unwrap();
     assert!(text.contains("this cause was seen 1 time before"), "{text}");
 
-    let history = Command::new(env!("CARGO_BIN_EXE_hangwatch"))
+    let history = hangwatch()
         .args(["history", "--json"])
         .env("HANGWATCH_STATE_DIR", state.path())
         .output()
@@ -106,7 +95,7 @@ fn the_same_cause_twice_is_a_recurrence_in_the_verdict_and_in_hangwatch_history(
             "{entry:#} names neither bundle {dirs:?}"
         );
     }
-    let table = Command::new(env!("CARGO_BIN_EXE_hangwatch"))
+    let table = hangwatch()
         .args(["history", "--by-cause"])
         .env("HANGWATCH_STATE_DIR", state.path())
         .output()

@@ -12,7 +12,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use hangwatch_testkit::{python, require, wait_until, LoopExt4, TestkitError};
+use hangwatch_testkit::{python, require, LoopExt4, TestkitError};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
@@ -22,23 +22,16 @@ const CHROMIUM_DEADLINE: Duration = Duration::from_secs(60);
 #[test]
 fn a_real_hang_renders_in_chromium_with_the_frozen_rank_marked() {
     let chromium = require!(chromium());
-    let py = require!(python());
+    require!(python());
     let fs = require!(LoopExt4::new(64));
-    let log = fs.path().join("rank1.log");
-    let log_s = log.to_string_lossy().into_owned();
-    let mut run = HangwatchRun::start(
+    let mut run = start_logging_onto(
+        hangwatch(),
+        &fs,
+        1,
+        3,
         &["--nproc", "2", "--stall-after", STALL_AFTER, "--quiet"],
-        &rank_job(
-            py,
-            &["--step-time", "0.1", "--log", &log_s, "--only-rank", "1"],
-        ),
     );
-    assert!(
-        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= 3),
-        "rank 1 never logged 3 steps:\n{}",
-        run.stderr_text()
-    );
-    run.track_descendants();
+    let log_s = fs.path().join("rank1.log").to_string_lossy().into_owned();
     let _frozen = require!(fs.freeze());
     let done = run.finish(STALL + Duration::from_secs(30));
     done.assert_code(75);

@@ -17,7 +17,8 @@ use prometheus_client::registry::Registry;
 
 use hangwatch_alert::TargetKind;
 
-use crate::labels::{label_value_by_name, Kind, Target};
+use crate::labels::label_value_by_name;
+use crate::outcomes::Outcomes;
 
 type Seconds = Gauge<f64, AtomicU64>;
 
@@ -201,16 +202,6 @@ struct BasisLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabels {
-    kind: Kind,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct TargetLabels {
-    pub target: Target,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DroppedLabels {
     what: Dropped,
 }
@@ -234,9 +225,7 @@ pub struct AgentMetrics {
     stalled_seconds: Seconds,
     threshold_seconds: Family<TierLabels, Seconds>,
     threshold_basis: Family<BasisLabels, Gauge>,
-    verdicts: Family<KindLabels, Counter>,
-    alerts_sent: Family<TargetLabels, Counter>,
-    alerts_failed: Family<TargetLabels, Counter>,
+    outcomes: Outcomes,
     probes_stuck: Gauge,
     dropped: Family<DroppedLabels, Counter>,
     /// The totals the counters of `dropped` were last brought up to, by [`Dropped`] in `ALL` order.
@@ -264,9 +253,7 @@ impl AgentMetrics {
             stalled_seconds: Seconds::default(),
             threshold_seconds: Family::default(),
             threshold_basis: Family::default(),
-            verdicts: Family::default(),
-            alerts_sent: Family::default(),
-            alerts_failed: Family::default(),
+            outcomes: Outcomes::default(),
             probes_stuck: Gauge::default(),
             dropped: Family::default(),
             dropped_seen: Default::default(),
@@ -320,21 +307,9 @@ impl AgentMetrics {
             "1 for where the thresholds in force come from: fixed (--stall-after), warmup, learned or new_phase",
             metrics.threshold_basis.clone(),
         );
-        r.register(
-            "hangwatch_verdicts",
-            "Verdicts reached on this node, by kind",
-            metrics.verdicts.clone(),
-        );
-        r.register(
-            "hangwatch_alerts_sent",
-            "Alerts delivered, by target",
-            metrics.alerts_sent.clone(),
-        );
-        r.register(
-            "hangwatch_alerts_failed",
-            "Alerts that could not be delivered, by target",
-            metrics.alerts_failed.clone(),
-        );
+        metrics
+            .outcomes
+            .register(r, "hangwatch", "Verdicts reached on this node, by kind");
         r.register(
             "hangwatch_probes_stuck",
             "Filesystem probes still stuck (their mount did not answer)",
@@ -360,19 +335,6 @@ impl AgentMetrics {
             let _ = metrics
                 .threshold_basis
                 .get_or_create(&BasisLabels { basis });
-        }
-        for kind in VerdictKind::ALL {
-            let _ = metrics
-                .verdicts
-                .get_or_create(&KindLabels { kind: Kind(kind) });
-        }
-        for target in TargetKind::ALL {
-            let _ = metrics.alerts_sent.get_or_create(&TargetLabels {
-                target: Target(target),
-            });
-            let _ = metrics.alerts_failed.get_or_create(&TargetLabels {
-                target: Target(target),
-            });
         }
         for what in Dropped::ALL {
             let _ = metrics.dropped.get_or_create(&DroppedLabels { what });
@@ -442,27 +404,17 @@ impl AgentMetrics {
 
     /// A verdict was reached (a roll call on this node, or the coordinator's order).
     pub fn verdict(&self, kind: VerdictKind) {
-        self.verdicts
-            .get_or_create(&KindLabels { kind: Kind(kind) })
-            .inc();
+        self.outcomes.verdict(kind);
     }
 
     /// An alert reached `target`.
     pub fn alert_sent(&self, target: TargetKind) {
-        self.alerts_sent
-            .get_or_create(&TargetLabels {
-                target: Target(target),
-            })
-            .inc();
+        self.outcomes.alert(target, true);
     }
 
     /// An alert to `target` failed (refused, timed out, the command failed).
     pub fn alert_failed(&self, target: TargetKind) {
-        self.alerts_failed
-            .get_or_create(&TargetLabels {
-                target: Target(target),
-            })
-            .inc();
+        self.outcomes.alert(target, false);
     }
 
     pub fn set_probes_stuck(&self, stuck: usize) {

@@ -13,10 +13,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::agent::TargetLabels;
 use hangwatch_alert::TargetKind;
 
-use crate::labels::{label_value_by_name, Kind, Target};
+use crate::labels::label_value_by_name;
+use crate::outcomes::Outcomes;
 
 /// Where a node of the job stands with the coordinator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,11 +62,6 @@ struct NodeLabels {
     node: String,
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabels {
-    kind: Kind,
-}
-
 /// The coordinator's metrics; every series carries `job_id` when the job's id is known.
 #[derive(Debug)]
 pub struct CoordinatorMetrics {
@@ -75,9 +70,7 @@ pub struct CoordinatorMetrics {
     nodes: Family<StateLabels, Gauge>,
     node_silent: Family<NodeLabels, Gauge<f64, AtomicU64>>,
     roll_calls: Counter,
-    verdicts: Family<KindLabels, Counter>,
-    alerts_sent: Family<TargetLabels, Counter>,
-    alerts_failed: Family<TargetLabels, Counter>,
+    outcomes: Outcomes,
 }
 
 impl CoordinatorMetrics {
@@ -90,9 +83,7 @@ impl CoordinatorMetrics {
             nodes: Family::default(),
             node_silent: Family::default(),
             roll_calls: Counter::default(),
-            verdicts: Family::default(),
-            alerts_sent: Family::default(),
-            alerts_failed: Family::default(),
+            outcomes: Outcomes::default(),
         };
         let r = &mut registry;
         r.register(
@@ -115,34 +106,10 @@ impl CoordinatorMetrics {
             "Job-wide roll calls ordered",
             m.roll_calls.clone(),
         );
-        r.register(
-            "hangwatch_coordinator_verdicts",
-            "Job-wide verdicts, by kind",
-            m.verdicts.clone(),
-        );
-        r.register(
-            "hangwatch_coordinator_alerts_sent",
-            "Alerts delivered, by target",
-            m.alerts_sent.clone(),
-        );
-        r.register(
-            "hangwatch_coordinator_alerts_failed",
-            "Alerts that could not be delivered, by target",
-            m.alerts_failed.clone(),
-        );
+        m.outcomes
+            .register(r, "hangwatch_coordinator", "Job-wide verdicts, by kind");
         for state in NodeState::ALL {
             let _ = m.nodes.get_or_create(&StateLabels { state });
-        }
-        for kind in VerdictKind::ALL {
-            let _ = m.verdicts.get_or_create(&KindLabels { kind: Kind(kind) });
-        }
-        for target in TargetKind::ALL {
-            let _ = m.alerts_sent.get_or_create(&TargetLabels {
-                target: Target(target),
-            });
-            let _ = m.alerts_failed.get_or_create(&TargetLabels {
-                target: Target(target),
-            });
         }
         CoordinatorMetrics { registry, ..m }
     }
@@ -176,25 +143,15 @@ impl CoordinatorMetrics {
     }
 
     pub fn verdict(&self, kind: VerdictKind) {
-        self.verdicts
-            .get_or_create(&KindLabels { kind: Kind(kind) })
-            .inc();
+        self.outcomes.verdict(kind);
     }
 
     pub fn alert_sent(&self, target: TargetKind) {
-        self.alerts_sent
-            .get_or_create(&TargetLabels {
-                target: Target(target),
-            })
-            .inc();
+        self.outcomes.alert(target, true);
     }
 
     pub fn alert_failed(&self, target: TargetKind) {
-        self.alerts_failed
-            .get_or_create(&TargetLabels {
-                target: Target(target),
-            })
-            .inc();
+        self.outcomes.alert(target, false);
     }
 
     /// Everything, in the Prometheus text exposition format (0.0.4).

@@ -7,6 +7,7 @@
 mod agent;
 mod coordinator;
 mod labels;
+mod outcomes;
 mod server;
 mod text;
 mod textfile;

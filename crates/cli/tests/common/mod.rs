@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hangwatch_testkit::{
-    is_dead, process_state, rank_script, send, wait_until, wait_with_deadline,
+    is_dead, process_state, python, rank_script, send, wait_until, wait_with_deadline, LoopExt4,
 };
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -432,4 +432,40 @@ pub fn assert_all_dead(pids: impl IntoIterator<Item = u32>, what: &str) {
         .map(|&p| (p, process_state(p)))
         .collect();
     assert!(gone, "{what} still alive (pid, state): {left:?}");
+}
+
+/// `hangwatch run FLAGS` (started as `cmd`) over a rank.py job stepping every 0.1 s whose rank `rank` (and only
+/// it) logs onto `fs`; returns once that rank has logged `steps` lines, with the job's processes tracked. The
+/// caller freezes `fs` to make the hang.
+pub fn start_logging_onto(
+    cmd: Command,
+    fs: &LoopExt4,
+    rank: u32,
+    steps: usize,
+    flags: &[&str],
+) -> HangwatchRun {
+    let py = python().expect("python");
+    let log = fs.path().join(format!("rank{rank}.log"));
+    let log_s = log.to_string_lossy().into_owned();
+    let only = rank.to_string();
+    let mut run = HangwatchRun::start_in(
+        cmd,
+        flags,
+        &rank_job(
+            py,
+            &["--step-time", "0.1", "--log", &log_s, "--only-rank", &only],
+        ),
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= steps),
+        "rank {rank} never logged {steps} steps:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    run
+}
+
+/// The hangwatch binary under test, as a command to start.
+pub fn hangwatch() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hangwatch"))
 }
