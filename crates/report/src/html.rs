@@ -167,6 +167,8 @@ header .kind{display:inline-block;background:var(--kind);color:#fff;font-weight:
 header h1{font-size:22px;line-height:1.35;margin:10px 0 8px;font-weight:600;overflow-wrap:anywhere}
 header .meta{color:#c9ccd1;font-size:14px;margin:0}
 header .meta b{color:#fff;font-weight:600}
+header .recurrence{margin:10px 0 0;padding:6px 10px;background:#5c1d1d;border-left:4px solid #ff6b6b;color:#fff;font-weight:600;font-size:14px}
+header .recurrence code{color:#ffd2d2}
 section{background:#fff;border:1px solid #dfe1e5;border-radius:8px;padding:14px 20px 16px;margin:0 0 16px}
 h2{font-size:17px;margin:0 0 10px}
 h3{font-size:14px;margin:14px 0 6px;color:#444;text-transform:uppercase;letter-spacing:.04em}
@@ -293,7 +295,15 @@ fn header(out: &mut String, bundle: &Bundle) {
         Esc(&bundle.dir.display().to_string())
     ));
     out.push_str(&meta.join(" · "));
-    out.push_str("</p></header>");
+    out.push_str("</p>");
+    if let Some(seen) = v.recurrence.as_ref().filter(|r| r.seen_before > 0) {
+        let _ = write!(
+            out,
+            "<p class=\"recurrence\">Not the first time: this cause was {} (<code>hangwatch history</code>).</p>",
+            Esc(&seen.sentence())
+        );
+    }
+    out.push_str("</header>");
 }
 
 fn todo(out: &mut String, v: &Verdict) {

@@ -379,3 +379,29 @@ fn ten_thousand_ranks_render_compactly() {
         "1250 node rows flow into columns"
     );
 }
+
+#[test]
+fn a_recurring_cause_is_said_at_the_top_and_a_first_one_is_not() {
+    let dir = copy_of("node");
+    let mut v = read_verdict(dir.path());
+    v.recurrence = Some(hangwatch_model::Recurrence {
+        fingerprint: "0123456789abcdef".into(),
+        seen_before: 2,
+        last_nodes: vec!["n<b>3".into()],
+        last_at_unix_s: Some(1_796_135_234.0),
+        first_at_unix_s: Some(1_796_000_000.0),
+    });
+    write_verdict(dir.path(), &v);
+    let page = render_html(&Bundle::read(dir.path()).expect("bundle"));
+    let top = &page[..page.find("</header>").expect("header")];
+    assert!(top.contains("this cause was seen 2 times before"), "{top}");
+    assert!(
+        top.contains("last on node n&lt;b&gt;3 on 2026-12-01 14:27:14 UTC"),
+        "{top}"
+    );
+
+    v.recurrence.as_mut().unwrap().seen_before = 0;
+    write_verdict(dir.path(), &v);
+    let page = render_html(&Bundle::read(dir.path()).expect("bundle"));
+    assert!(!page.contains("class=\"recurrence\""));
+}
