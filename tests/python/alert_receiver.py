@@ -3,7 +3,7 @@
 
     alert_receiver.py --port-file F --record R [--cert C --key K] [--fail-first N]
 
-Listens on 127.0.0.1 (a free port, written to --port-file once listening); with --cert/--key it speaks HTTPS.
+Listens on --host (127.0.0.1; a free port, written to --port-file once listening); with --cert/--key it speaks HTTPS.
 Each request is appended to R as {"path", "content_type", "body"} (body parsed as JSON). The first N requests
 are answered 503 (to exercise retries); the others 200 on paths ending in /api/v2/alerts (Alertmanager answers
 200 with an empty body) and 204 otherwise. Runs until killed.
@@ -23,6 +23,7 @@ def main():
     parser.add_argument("--cert")
     parser.add_argument("--key")
     parser.add_argument("--fail-first", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     args = parser.parse_args()
     lock = threading.Lock()
     seen = {"n": 0}
@@ -60,7 +61,7 @@ def main():
         def log_message(self, *a):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = http.server.ThreadingHTTPServer((args.host, 0), Handler)
     if args.cert:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(args.cert, args.key)

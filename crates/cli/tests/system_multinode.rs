@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use hangwatch_testkit::{
-    free_tcp_port, python, require, wait_until, ChildGuard, LoopExt4, TestNetwork,
+    free_tcp_port, python, require, wait_until, AlertReceiver, ChildGuard, LoopExt4, TestNetwork,
 };
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -28,7 +28,7 @@ struct CoordinatorProc {
 }
 
 impl CoordinatorProc {
-    fn start(net: &TestNetwork, listen: &str, token: &Path) -> CoordinatorProc {
+    fn start(net: &TestNetwork, listen: &str, token: &Path, extra: &[&str]) -> CoordinatorProc {
         let mut cmd = net.command("coord", BIN);
         cmd.args([
             "coordinator",
@@ -40,6 +40,7 @@ impl CoordinatorProc {
         ])
         .arg(token)
         .arg("--json")
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -105,8 +106,12 @@ impl Cluster {
     }
 
     fn start_coordinator(&self) -> CoordinatorProc {
+        self.start_coordinator_with(&[])
+    }
+
+    fn start_coordinator_with(&self, extra: &[&str]) -> CoordinatorProc {
         let listen = self.coordinator.clone();
-        CoordinatorProc::start(&self.net, &listen, &self.token)
+        CoordinatorProc::start(&self.net, &listen, &self.token, extra)
     }
 
     /// The agent of node `i` (node rank `i`, one rank: global rank `i`).
@@ -343,6 +348,77 @@ fn at_the_default_settings_the_coordinator_ends_the_incident_across_three_nodes_
             .contains("a rank stuck on its filesystem"),
         "{}",
         coordinator.text()
+    );
+}
+
+#[test]
+fn the_coordinator_alerts_once_for_the_job_although_every_node_was_given_the_webhook() {
+    let py = require!(python());
+    let net = require!(network());
+    let fs = require!(LoopExt4::new(64));
+    let cluster = Cluster::new(net);
+    // The receiver lives in the coordinator's namespace, on its address: every node reaches it.
+    let host = cluster.net.addr("coord").to_string();
+    let receiver = require!(AlertReceiver::http_via(
+        cluster.net.command("coord", py),
+        &host
+    ));
+    let webhook = format!("{}/hook", receiver.base_url());
+    let (log, _, job) = incident_job(py, &fs);
+    let coordinator =
+        cluster.start_coordinator_with(&["--webhook", &webhook, "--job-id", "job-4242"]);
+    let flags = [
+        "--stall-after",
+        STALL_AFTER,
+        "--webhook",
+        webhook.as_str(),
+        "--job-id",
+        "job-4242",
+    ];
+    let mut agents = cluster.start_agents(&flags, &job);
+    wait_joined(&agents, "joined");
+    wait_steps(&log, 3, &agents);
+    for a in agents.iter_mut() {
+        a.track_descendants();
+    }
+    let frozen = require!(fs.freeze());
+    let done: Vec<_> = agents
+        .iter_mut()
+        .map(|a| a.finish(STALL + Duration::from_secs(40)))
+        .collect();
+    drop(frozen);
+    for d in &done {
+        d.assert_code(75);
+    }
+    let stage = |r: &Value| {
+        r["body"]["hangwatch"]["stage"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let both = receiver.wait_for(2, Duration::from_secs(20), |r| r["path"] == "/hook");
+    // Give a duplicate from an agent time to arrive: there must be none.
+    std::thread::sleep(Duration::from_secs(2));
+    let all = receiver.requests();
+    assert_eq!(all.len(), 2, "{all:#?}\n{}", coordinator.text());
+    assert_eq!(both.len(), 2);
+    let suspected = all
+        .iter()
+        .find(|r| stage(r) == "suspected")
+        .expect("a suspected alert");
+    let acted = all
+        .iter()
+        .find(|r| stage(r) == "acted")
+        .expect("an acted alert");
+    let text = suspected["body"]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("hangwatch: job job-4242 looks hung — blocked in kernel: rank 0 (node n1"),
+        "{text}"
+    );
+    let acted_text = acted["body"]["text"].as_str().unwrap();
+    assert!(
+        acted_text.contains("Done: terminate (ok: ordered every node to end its ranks"),
+        "{acted_text}"
     );
 }
 

@@ -11,6 +11,7 @@ use crate::{python, run_tool, wait_until, ChildGuard, Result, TestkitError};
 #[derive(Debug)]
 pub struct AlertReceiver {
     dir: tempfile::TempDir,
+    host: String,
     port: u16,
     https: bool,
     _server: ChildGuard,
@@ -22,6 +23,12 @@ impl AlertReceiver {
         Self::start(false, fail_first)
     }
 
+    /// Plain HTTP on `host`, the receiver started by `python` (a command that runs the Python interpreter, e.g.
+    /// in a network namespace: `TestNetwork::command(node, python)`).
+    pub fn http_via(python: Command, host: &str) -> Result<Self> {
+        Self::start_with(python, host, false, 0)
+    }
+
     /// HTTPS with a certificate for 127.0.0.1 signed by a CA of its own ([`AlertReceiver::ca_file`]); the first
     /// `fail_first` requests are answered 503.
     pub fn https(fail_first: u32) -> Result<Self> {
@@ -29,13 +36,18 @@ impl AlertReceiver {
     }
 
     fn start(https: bool, fail_first: u32) -> Result<Self> {
+        Self::start_with(Command::new(python()?), "127.0.0.1", https, fail_first)
+    }
+
+    fn start_with(mut command: Command, host: &str, https: bool, fail_first: u32) -> Result<Self> {
         let dir = tempfile::tempdir().map_err(TestkitError::io("cannot make a temp dir"))?;
         let script =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/alert_receiver.py");
         let port_file = dir.path().join("port");
-        let mut command = Command::new(python()?);
         command
             .arg(&script)
+            .arg("--host")
+            .arg(host)
             .arg("--port-file")
             .arg(&port_file)
             .arg("--record")
@@ -64,16 +76,17 @@ impl AlertReceiver {
         })?;
         Ok(Self {
             dir,
+            host: host.to_string(),
             port,
             https,
             _server: server,
         })
     }
 
-    /// `http[s]://127.0.0.1:PORT`.
+    /// `http[s]://HOST:PORT`.
     pub fn base_url(&self) -> String {
         let scheme = if self.https { "https" } else { "http" };
-        format!("{scheme}://127.0.0.1:{}", self.port)
+        format!("{scheme}://{}:{}", self.host, self.port)
     }
 
     /// The CA certificate (PEM) that signed the server's certificate.
