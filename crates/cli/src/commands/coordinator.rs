@@ -123,12 +123,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let addr = listener
             .local_addr()
             .context("cannot read the listening address")?;
+        // Watched before "listening" is said: whoever reads that line may signal at once.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("cannot watch SIGTERM")?;
+        let mut interrupt =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+                .context("cannot watch SIGINT")?;
         say(format!(
             "hangwatch coordinator: listening on {addr} (token from {}); agents join with `hangwatch run --coordinator {addr} --token-file FILE ...`",
             args.token_file.display()
         ));
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("cannot watch SIGTERM")?;
         let serving = Serving::start(
             Coordinator::new(config),
             listener,
@@ -146,7 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         let ending = tokio::select! {
             ending = serving.coordinator.supervise(options, serving.events.clone()) => Some(ending),
-            _ = tokio::signal::ctrl_c() => None,
+            _ = interrupt.recv() => None,
             _ = term.recv() => None,
         };
         if ending.is_none() {
