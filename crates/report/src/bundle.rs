@@ -100,6 +100,9 @@ pub struct Bundle {
     pub kernel_log_tail: Option<Vec<String>>,
     /// `output/rank-N.txt`, the last [`TAIL_LINES`] lines of each, by rank.
     pub output_tails: BTreeMap<u32, Vec<String>>,
+    /// `output/job.txt`: the job's output as one stream, when `run` watched a launcher (torchrun) and could not
+    /// tell the lines apart by rank; its last [`TAIL_LINES`] lines.
+    pub job_output_tail: Option<Vec<String>>,
     pub progress: Option<ProgressTimeline>,
     /// Optional files that are missing or unreadable, in the order they were looked for.
     pub problems: Vec<FileProblem>,
@@ -155,6 +158,13 @@ impl Bundle {
         let kernel_log_tail = reader.text("kernel-log.txt").map(|t| last_lines(&t, 200));
         let progress = reader.json::<ProgressTimeline>("progress.json");
         let output_tails = reader.output_tails();
+        let job_output_tail = reader
+            .dir
+            .join("output/job.txt")
+            .is_file()
+            .then(|| reader.text("output/job.txt"))
+            .flatten()
+            .map(|t| last_lines(&t, TAIL_LINES));
         Ok(Bundle {
             dir: dir.to_path_buf(),
             verdict,
@@ -165,6 +175,7 @@ impl Bundle {
             kernel_report,
             kernel_log_tail,
             output_tails,
+            job_output_tail,
             progress,
             problems: reader.problems,
         })

@@ -498,6 +498,15 @@ fn culprit_section(out: &mut String, bundle: &Bundle, c: &Culprit, index: usize,
                 let _ = write!(out, "<pre>{}</pre>", Esc(&lines.join("\n")));
             }
             Some(_) => out.push_str("<p class=\"muted\">The rank printed nothing.</p>"),
+            None if bundle.job_output_tail.is_some() => {
+                let lines = bundle.job_output_tail.as_deref().unwrap_or_default();
+                let _ = write!(
+                    out,
+                    "<p class=\"muted\">The job's output as its launcher printed it, every rank together (hangwatch \
+                     watched the launcher and could not tell the lines apart by rank):</p><pre>{}</pre>",
+                    Esc(&lines.join("\n"))
+                );
+            }
             None => {
                 let _ = write!(
                     out,

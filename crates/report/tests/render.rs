@@ -405,3 +405,24 @@ fn a_recurring_cause_is_said_at_the_top_and_a_first_one_is_not() {
     let page = render_html(&Bundle::read(dir.path()).expect("bundle"));
     assert!(!page.contains("class=\"recurrence\""));
 }
+
+#[test]
+fn under_a_launcher_the_jobs_one_output_stream_stands_in_for_the_culprits() {
+    let dir = copy_of("node");
+    let output = dir.path().join("output");
+    for entry in std::fs::read_dir(&output).expect("output dir") {
+        std::fs::remove_file(entry.expect("entry").path()).expect("rm");
+    }
+    std::fs::write(
+        output.join("job.txt"),
+        "[default0]:step 41\n[default1]:step 41\n[default0]:<rank 0 wrote>\n",
+    )
+    .expect("job.txt");
+    let page = render_html(&Bundle::read(dir.path()).expect("bundle"));
+    assert!(page.contains("every rank together"), "no job output shown");
+    assert!(
+        page.contains("[default0]:&lt;rank 0 wrote&gt;"),
+        "job output not escaped"
+    );
+    assert!(!page.contains("No <code>output/rank-"));
+}
