@@ -298,13 +298,19 @@ fn small_memory_limit_spills_to_disk_and_replays_in_order() {
         &sink,
         |s| s.in_memory_lines + s.spilled_lines + s.written_lines == total,
     );
+    // Memory holds the limit plus what is in flight: the stage buffer (256 KiB), the pipe (1 MiB) and the batch
+    // the stuck writer read (1 MiB). The lines just handed off may stand above that for a moment while the spill
+    // catches up (a loaded CI host once saw 2.9 MB right after the hand-off); it must come back under.
+    let bound = memory_limit as u64 + (256 << 10) + (2 << 20) + (64 << 10);
+    wait_for(
+        Duration::from_secs(20),
+        "memory back under its bound",
+        &sink,
+        |s| s.in_memory_bytes <= bound,
+    );
     let during = sink.stats();
     eprintln!("while frozen: {during:?}");
     assert!(during.spilled_lines > 100_000, "{during:?}");
-    // Memory holds the limit plus what is in flight: the stage buffer (256 KiB), the pipe (1 MiB) and the batch
-    // the stuck writer read (1 MiB).
-    let bound = memory_limit as u64 + (256 << 10) + (2 << 20) + (64 << 10);
-    assert!(during.in_memory_bytes <= bound, "{during:?}");
     assert_eq!(during.dropped_lines, 0);
 
     frozen.thaw().unwrap();
