@@ -174,7 +174,12 @@ impl Alerter {
 
     /// An alerter with no targets: `send` does nothing.
     pub fn none() -> Self {
-        Self::new(Targets::default(), Limits::default()).unwrap_or_else(|_| unreachable_alerter())
+        Self {
+            targets: Targets::default(),
+            limits: Limits::default(),
+            http: ureq::Agent::new_with_defaults(),
+            shared: Arc::default(),
+        }
     }
 
     pub fn targets(&self) -> &Targets {
@@ -481,16 +486,6 @@ fn load_certs(path: &std::path::Path) -> Result<Vec<ureq::tls::Certificate<'stat
         });
     }
     Ok(certs)
-}
-
-fn unreachable_alerter() -> Alerter {
-    // Only reached if the empty configuration were refused, which `new` never does; kept total for the caller.
-    Alerter {
-        targets: Targets::default(),
-        limits: Limits::default(),
-        http: ureq::Agent::new_with_defaults(),
-        shared: Arc::default(),
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
