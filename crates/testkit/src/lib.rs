@@ -40,8 +40,8 @@ pub use procinfo::{
     is_dead, is_mount_point, process_state, state_from_stat, task_states, wchan, TaskState,
 };
 pub use ranks::{
-    python, rank_script, spawn_ranks, Behaviour, MmapStallGroup, RankGroup, RankGroupBuilder,
-    RankOptions,
+    python, rank_script, spawn_ranks, torch_python, Behaviour, MmapStallGroup, RankGroup,
+    RankGroupBuilder, RankOptions, TORCH_VENV,
 };
 pub use receiver::AlertReceiver;
 

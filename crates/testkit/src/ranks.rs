@@ -452,3 +452,46 @@ impl MmapStallGroup {
         Ok(())
     }
 }
+
+/// Where `scripts/test` installs torch when it is missing: a virtual environment of its own (the wheel with its
+/// libraries is several GB, so it is kept out of the system's Python).
+pub const TORCH_VENV: &str = "/var/cache/hangwatch-torch";
+
+/// A Python interpreter that can `import torch` (and numpy): `HANGWATCH_TORCH_PYTHON`, else the one in
+/// [`TORCH_VENV`], else `python3` when it has torch. Missing torch is a skip (a failure in strict mode, as CI
+/// runs).
+pub fn torch_python() -> Result<&'static Path> {
+    static TORCH: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    let found = TORCH.get_or_init(|| {
+        let mut candidates: Vec<PathBuf> = Vec::new();
+        if let Some(p) = std::env::var_os("HANGWATCH_TORCH_PYTHON") {
+            candidates.push(PathBuf::from(p));
+        }
+        candidates.push(Path::new(TORCH_VENV).join("bin/python"));
+        if let Ok(p) = python() {
+            candidates.push(p.to_path_buf());
+        }
+        let mut tried = Vec::new();
+        for candidate in candidates {
+            let Some(program) = candidate.to_str() else {
+                continue;
+            };
+            match crate::cmd::run_tool(
+                program,
+                &["-c", "import torch, torch.distributed"],
+                Duration::from_secs(120),
+            ) {
+                Ok(_) => return Ok(candidate),
+                Err(e) => tried.push(format!("{program}: {e}")),
+            }
+        }
+        Err(tried.join("; "))
+    });
+    match found {
+        Ok(p) => Ok(p),
+        Err(e) => Err(TestkitError::Missing {
+            tool: format!("a Python with torch ({e})"),
+            hint: "run ./scripts/test (it installs torch into /var/cache/hangwatch-torch) or set HANGWATCH_TORCH_PYTHON",
+        }),
+    }
+}
