@@ -5,7 +5,10 @@
 //!
 //! ```text
 //!   Tick(stall) ──► Soft ─► RollCall(Soft) ──► RollCallDone(conclusive) ─► Terminate ─► Terminated ─► Finish(Hung)
-//!                   Hard ─► RollCall(Hard)  ──► RollCallDone             ─► Terminate ─► ...
+//!                   Hard ─► RollCall(Hard)  ──► RollCallDone(no activity) ─► Terminate ─► ...
+//!                                               RollCallDone(activity)   ─► hold: Say(Computing) + Alert, once
+//!   (holding) Tick ─► every 30 s RollCall(Recheck) ─► activity: hold on; none: Terminate
+//!                  ─► past --max-stall RollCall(MaxStall) ─► Terminate
 //!   Signal ──► stuck?  yes ─► RollCall(Signal) ─► RollCallDone ─► Forward ─► (grace) ─► Terminate{kill} ─► Finish
 //!                      no  ─► Forward ─► job ends by itself ─► Finish(Interrupted)
 //!   second Signal ──► Terminate{kill now}
@@ -14,6 +17,7 @@
 use std::time::Duration;
 
 pub use hangwatch_diagnosis::OnHang;
+use hangwatch_diagnosis::{ActivityHold, ActivityRule, AfterLook, HoldCheck, HoldNotice, Look};
 
 /// Why a roll call is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +36,10 @@ pub enum Trigger {
     /// The job's coordinator ordered the job ended, with its verdict: this node's evidence is kept while its
     /// ranks are ended.
     Ordered,
+    /// Past the hard threshold, the ranks were seen computing: look again, act if the work stopped.
+    Recheck,
+    /// Past `--max-stall` while the ranks compute: look one last time for the evidence, then act.
+    MaxStall,
 }
 
 impl Trigger {
@@ -44,6 +52,8 @@ impl Trigger {
             Trigger::Signal(sig) => format!("signal {sig}"),
             Trigger::FsStall => "a rank stuck on its filesystem".into(),
             Trigger::Ordered => "the coordinator's order".into(),
+            Trigger::Recheck => "still no progress while the ranks compute".into(),
+            Trigger::MaxStall => "--max-stall".into(),
         }
     }
 }
@@ -83,6 +93,12 @@ pub enum Notice {
     EndingJob {
         grace: Duration,
     },
+    /// No progress, but the last roll call saw the ranks compute: the job is not ended for it (once per stall).
+    Computing,
+    /// The ranks that computed without progress stopped computing: the hold is over.
+    WorkStopped,
+    /// `--max-stall` passed while the ranks computed without progress.
+    MaxStallPassed,
 }
 
 /// One thing for the loop to do.
@@ -98,6 +114,8 @@ pub enum Action {
     Terminate {
         kill_now: bool,
     },
+    /// Send the warning alert that the job computes without progress and is not ended for it.
+    AlertComputing,
     /// Exit.
     Finish(Ending),
 }
@@ -117,11 +135,18 @@ pub enum Input {
         only_stuck_left: bool,
         /// The fast-path rule holds now (see `hangwatch_diagnosis::fs_stall`), whatever the thresholds say.
         fs_stuck: bool,
+        /// How long the job has made no progress.
+        stalled_for: Duration,
     },
     /// hangwatch received a signal. `stuck`: the job made no progress for longer than its usual step.
     Signal { signal: i32, stuck: bool },
-    /// A roll call finished (evidence kept, alert sent). `conclusive`: strong enough to act at the soft tier.
-    RollCallDone { trigger: Trigger, conclusive: bool },
+    /// A roll call finished (evidence kept, alert sent). `conclusive`: strong enough to act at the soft tier;
+    /// `active`: the ranks were seen computing (`hangwatch_diagnosis::activity`).
+    RollCallDone {
+        trigger: Trigger,
+        conclusive: bool,
+        active: bool,
+    },
     /// A termination finished.
     Terminated,
     /// The job's coordinator ordered the job ended (multi-node): keep this node's evidence, end the ranks.
@@ -146,6 +171,8 @@ pub struct PolicyConfig {
     pub failed_rank_grace: Duration,
     /// The longest the evidence of a stuck job may hold a signal back.
     pub inspect_budget: Duration,
+    /// How long ranks seen computing hold the hard tier back.
+    pub activity: ActivityRule,
 }
 
 /// Where the run is.
@@ -187,6 +214,10 @@ pub struct Policy {
     /// An ordered termination finished while this node's evidence was still being written: finish with this
     /// when it is written, or `EVIDENCE_WAIT` after the time.
     terminated_before_evidence: Option<(Ending, Duration)>,
+    /// Ranks computing without progress hold the hard tier back (the rule shared with the coordinator).
+    hold: ActivityHold,
+    /// How long the job had made no progress at the last tick.
+    stalled_for: Duration,
 }
 
 /// How long a finished job waits for the evidence of a roll call still in flight.
@@ -195,6 +226,8 @@ const EVIDENCE_WAIT: Duration = Duration::from_secs(5);
 impl Policy {
     pub fn new(config: PolicyConfig) -> Self {
         Self {
+            hold: ActivityHold::new(config.activity),
+            stalled_for: Duration::ZERO,
             config,
             stage: Stage::Watching,
             rollcall: None,
@@ -225,6 +258,17 @@ impl Policy {
         self.rollcall.is_some()
     }
 
+    /// The latest a job that computes without progress is ended (`--max-stall`); `None`: activity never holds.
+    pub fn max_stall(&self) -> Option<Duration> {
+        self.hold.rule().max_stall
+    }
+
+    /// Whether the ranks were seen computing without progress in this stall (and so the job is not ended for
+    /// it until `--max-stall` or the work stops).
+    pub fn computing_without_progress(&self) -> bool {
+        self.hold.announced()
+    }
+
     /// Decides what to do about `input` at `now` (time since the run started).
     pub fn handle(&mut self, input: Input, now: Duration) -> Vec<Action> {
         if self.stage == Stage::Finished {
@@ -237,19 +281,24 @@ impl Policy {
                 job_alive,
                 only_stuck_left,
                 fs_stuck,
-            } => self.tick(
-                stall,
-                failed_rank_for,
-                job_alive,
-                only_stuck_left,
-                fs_stuck,
-                now,
-            ),
+                stalled_for,
+            } => {
+                self.stalled_for = stalled_for;
+                self.tick(
+                    stall,
+                    failed_rank_for,
+                    job_alive,
+                    only_stuck_left,
+                    fs_stuck,
+                    now,
+                )
+            }
             Input::Signal { signal, stuck } => self.signal(signal, stuck, now),
             Input::RollCallDone {
                 trigger,
                 conclusive,
-            } => self.rollcall_done(trigger, conclusive, now),
+                active,
+            } => self.rollcall_done(trigger, conclusive, active, now),
             Input::Terminated => match self.stage {
                 Stage::Ending(ending) if self.rollcall == Some(Trigger::Ordered) => {
                     self.terminated_before_evidence = Some((ending, now));
@@ -352,6 +401,7 @@ impl Policy {
             self.hard_done = false;
             self.fast_done = false;
             self.hard_pending = false;
+            self.hold.reset();
             return actions;
         }
         if self.rollcall.is_some() {
@@ -381,7 +431,15 @@ impl Policy {
                         self.hard_done = true;
                         self.soft_done = true;
                         actions.push(self.start_rollcall(Trigger::RankFailed));
+                        return actions;
                     }
+                }
+                match self.hold.tick(self.stalled_for, now) {
+                    Some(HoldCheck::Recheck) => actions.push(self.start_rollcall(Trigger::Recheck)),
+                    Some(HoldCheck::MaxStall) => {
+                        actions.push(self.start_rollcall(Trigger::MaxStall))
+                    }
+                    None => {}
                 }
             }
         }
@@ -459,7 +517,13 @@ impl Policy {
         }
     }
 
-    fn rollcall_done(&mut self, trigger: Trigger, conclusive: bool, now: Duration) -> Vec<Action> {
+    fn rollcall_done(
+        &mut self,
+        trigger: Trigger,
+        conclusive: bool,
+        active: bool,
+        now: Duration,
+    ) -> Vec<Action> {
         self.rollcall = None;
         if let Some((ending, _)) = self.terminated_before_evidence.take() {
             return self.finish(ending);
@@ -470,17 +534,35 @@ impl Policy {
         match self.stage {
             Stage::InspectingBeforeSignal { signal, .. } => self.forward(signal, now),
             Stage::Watching => {
-                let act = match trigger {
-                    Trigger::Hard | Trigger::RankFailed => true,
-                    Trigger::Soft | Trigger::FsStall => conclusive || self.hard_pending,
-                    Trigger::Signal(_) | Trigger::Ordered => false,
+                let look = match trigger {
+                    Trigger::RankFailed => Look::RankFailed,
+                    Trigger::Hard => Look::Hard,
+                    Trigger::Recheck => Look::Recheck,
+                    Trigger::MaxStall => Look::MaxStall,
+                    Trigger::Soft | Trigger::FsStall => Look::BelowHard {
+                        conclusive,
+                        hard_pending: self.hard_pending,
+                    },
+                    Trigger::Signal(_) | Trigger::Ordered => Look::Never,
                 };
                 self.hard_pending = false;
-                if act && self.config.on_hang == OnHang::Abort {
-                    self.terminate(Ending::Hung, false)
-                } else {
-                    Vec::new()
+                let AfterLook { act, say } =
+                    self.hold.after_look(look, active, self.stalled_for, now);
+                let mut actions = Vec::new();
+                match say {
+                    Some(HoldNotice::Computing) => {
+                        actions.extend([Action::Say(Notice::Computing), Action::AlertComputing])
+                    }
+                    Some(HoldNotice::WorkStopped) => actions.push(Action::Say(Notice::WorkStopped)),
+                    Some(HoldNotice::MaxStallPassed) => {
+                        actions.push(Action::Say(Notice::MaxStallPassed))
+                    }
+                    None => {}
                 }
+                if act && self.config.on_hang == OnHang::Abort {
+                    actions.extend(self.terminate(Ending::Hung, false));
+                }
+                actions
             }
             _ => Vec::new(),
         }
@@ -501,6 +583,7 @@ mod tests {
             grace: s(10.0),
             failed_rank_grace: s(30.0),
             inspect_budget: s(4.0),
+            activity: ActivityRule::until(s(1800.0)),
         })
     }
 
@@ -511,6 +594,7 @@ mod tests {
             job_alive: true,
             only_stuck_left: false,
             fs_stuck: false,
+            stalled_for: Duration::ZERO,
         }
     }
 
@@ -520,6 +604,7 @@ mod tests {
         job_alive: false,
         only_stuck_left: false,
         fs_stuck: false,
+        stalled_for: Duration::ZERO,
     };
 
     #[test]
@@ -547,6 +632,7 @@ mod tests {
         let done = Input::RollCallDone {
             trigger: Trigger::Soft,
             conclusive: false,
+            active: false,
         };
         assert!(p.handle(done, s(2.0)).is_empty());
         assert!(
@@ -561,6 +647,7 @@ mod tests {
             Input::RollCallDone {
                 trigger: Trigger::Hard,
                 conclusive: false,
+                active: false,
             },
             s(6.0),
         );
@@ -572,6 +659,115 @@ mod tests {
         );
     }
 
+    fn stalled(stall: Stall, stalled_for: f64) -> Input {
+        Input::Tick {
+            stall,
+            failed_rank_for: None,
+            job_alive: true,
+            only_stuck_left: false,
+            fs_stuck: false,
+            stalled_for: s(stalled_for),
+        }
+    }
+
+    fn done(trigger: Trigger, active: bool) -> Input {
+        Input::RollCallDone {
+            trigger,
+            conclusive: false,
+            active,
+        }
+    }
+
+    #[test]
+    fn ranks_that_compute_in_silence_are_not_ended_until_max_stall() {
+        let mut p = policy(OnHang::Abort);
+        assert_eq!(
+            p.handle(stalled(Stall::Soft, 60.0), s(100.0)),
+            vec![Action::RollCall(Trigger::Soft)]
+        );
+        assert_eq!(
+            p.handle(done(Trigger::Soft, true), s(101.0)),
+            vec![Action::Say(Notice::Computing), Action::AlertComputing],
+            "said and alerted once, at the first look that sees the work"
+        );
+        assert!(p.computing_without_progress());
+        assert_eq!(
+            p.handle(stalled(Stall::Hard, 120.0), s(160.0)),
+            vec![Action::RollCall(Trigger::Hard)]
+        );
+        assert!(
+            p.handle(done(Trigger::Hard, true), s(161.0)).is_empty(),
+            "the hard tier is held back, and not said again"
+        );
+        assert!(p.handle(stalled(Stall::Hard, 140.0), s(180.0)).is_empty());
+        assert_eq!(
+            p.handle(stalled(Stall::Hard, 152.0), s(192.0)),
+            vec![Action::RollCall(Trigger::Recheck)],
+            "looked at again 30 s later"
+        );
+        assert!(p.handle(done(Trigger::Recheck, true), s(193.0)).is_empty());
+        assert_eq!(
+            p.handle(stalled(Stall::Hard, 1800.0), s(1840.0)),
+            vec![Action::RollCall(Trigger::MaxStall)]
+        );
+        assert_eq!(
+            p.handle(done(Trigger::MaxStall, true), s(1841.0)),
+            vec![
+                Action::Say(Notice::MaxStallPassed),
+                Action::Say(Notice::EndingJob { grace: s(10.0) }),
+                Action::Terminate { kill_now: false }
+            ],
+            "a busy loop that never ends is still ended, at --max-stall"
+        );
+    }
+
+    #[test]
+    fn work_that_stops_during_a_hold_is_acted_on_and_progress_ends_the_hold() {
+        let mut p = policy(OnHang::Abort);
+        p.handle(stalled(Stall::Hard, 120.0), s(120.0));
+        assert_eq!(
+            p.handle(done(Trigger::Hard, true), s(121.0)),
+            vec![Action::Say(Notice::Computing), Action::AlertComputing]
+        );
+        assert!(
+            p.handle(stalled(Stall::Healthy, 0.0), s(140.0))
+                .contains(&Action::Say(Notice::ProgressResumed)),
+            "the evaluation ended and training resumed"
+        );
+        assert!(!p.computing_without_progress());
+        p.handle(stalled(Stall::Hard, 120.0), s(300.0));
+        assert_eq!(
+            p.handle(done(Trigger::Hard, true), s(301.0)),
+            vec![Action::Say(Notice::Computing), Action::AlertComputing],
+            "a new stall is said again"
+        );
+        assert_eq!(
+            p.handle(stalled(Stall::Hard, 150.0), s(331.0)),
+            vec![Action::RollCall(Trigger::Recheck)]
+        );
+        assert_eq!(
+            p.handle(done(Trigger::Recheck, false), s(332.0)),
+            vec![
+                Action::Say(Notice::WorkStopped),
+                Action::Say(Notice::EndingJob { grace: s(10.0) }),
+                Action::Terminate { kill_now: false }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_fixed_threshold_ends_a_busy_job_at_the_hard_tier() {
+        let mut p = Policy::new(PolicyConfig {
+            activity: ActivityRule::never(),
+            ..policy(OnHang::Abort).config
+        });
+        p.handle(stalled(Stall::Hard, 5.0), s(5.0));
+        assert_eq!(
+            p.handle(done(Trigger::Hard, true), s(6.0)).last(),
+            Some(&Action::Terminate { kill_now: false })
+        );
+    }
+
     #[test]
     fn conclusive_evidence_acts_at_the_soft_tier() {
         let mut p = policy(OnHang::Abort);
@@ -580,6 +776,7 @@ mod tests {
             Input::RollCallDone {
                 trigger: Trigger::Soft,
                 conclusive: true,
+                active: false,
             },
             s(2.0),
         );
@@ -595,6 +792,7 @@ mod tests {
             Input::RollCallDone {
                 trigger: Trigger::Soft,
                 conclusive: false,
+                active: false,
             },
             s(3.0),
         );
@@ -609,7 +807,8 @@ mod tests {
             .handle(
                 Input::RollCallDone {
                     trigger: Trigger::Hard,
-                    conclusive: true
+                    conclusive: true,
+                    active: false,
                 },
                 s(2.0)
             )
@@ -625,6 +824,7 @@ mod tests {
             Input::RollCallDone {
                 trigger: Trigger::Soft,
                 conclusive: false,
+                active: false,
             },
             s(1.5),
         );
@@ -647,6 +847,7 @@ mod tests {
             job_alive: true,
             only_stuck_left: false,
             fs_stuck: false,
+            stalled_for: Duration::ZERO,
         };
         assert!(p.handle(failed(10.0), s(10.0)).is_empty());
         assert_eq!(
@@ -657,6 +858,7 @@ mod tests {
             Input::RollCallDone {
                 trigger: Trigger::RankFailed,
                 conclusive: false,
+                active: false,
             },
             s(31.0),
         );
@@ -734,6 +936,7 @@ mod tests {
             Input::RollCallDone {
                 trigger: Trigger::Signal(15),
                 conclusive: true,
+                active: false,
             },
             s(2.5),
         );
@@ -759,7 +962,8 @@ mod tests {
             p.handle(
                 Input::RollCallDone {
                     trigger: Trigger::Signal(15),
-                    conclusive: true
+                    conclusive: true,
+                    active: false,
                 },
                 s(6.0)
             )
@@ -786,6 +990,7 @@ mod tests {
             Input::RollCallDone {
                 trigger: Trigger::Signal(15),
                 conclusive: true,
+                active: false,
             },
             s(2.0),
         );
@@ -795,6 +1000,7 @@ mod tests {
             job_alive: true,
             only_stuck_left: true,
             fs_stuck: false,
+            stalled_for: Duration::ZERO,
         };
         assert_eq!(
             p.handle(only_stuck, s(2.2)),
@@ -852,6 +1058,7 @@ mod tests {
             Input::RollCallDone {
                 trigger: Trigger::Hard,
                 conclusive: true,
+                active: false,
             },
             s(2.0),
         );
@@ -890,7 +1097,8 @@ mod tests {
             p.handle(
                 Input::RollCallDone {
                     trigger: Trigger::Soft,
-                    conclusive: true
+                    conclusive: true,
+                    active: false,
                 },
                 s(2.0)
             ),
@@ -929,7 +1137,8 @@ mod tests {
             p.handle(
                 Input::RollCallDone {
                     trigger: Trigger::Ordered,
-                    conclusive: false
+                    conclusive: false,
+                    active: false,
                 },
                 s(2.5)
             ),
@@ -955,6 +1164,7 @@ mod tests {
             job_alive: true,
             only_stuck_left: false,
             fs_stuck: true,
+            stalled_for: Duration::ZERO,
         };
         // Confirmed (the mount does not answer): the job is ended long before any threshold.
         let mut p = policy(OnHang::Abort);
@@ -966,7 +1176,8 @@ mod tests {
             p.handle(
                 Input::RollCallDone {
                     trigger: Trigger::FsStall,
-                    conclusive: true
+                    conclusive: true,
+                    active: false,
                 },
                 s(18.0)
             ),
@@ -983,7 +1194,8 @@ mod tests {
             .handle(
                 Input::RollCallDone {
                     trigger: Trigger::FsStall,
-                    conclusive: false
+                    conclusive: false,
+                    active: false,
                 },
                 s(18.0)
             )

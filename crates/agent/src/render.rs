@@ -2,7 +2,40 @@
 
 use std::fmt::Write;
 
-use hangwatch_model::{Verdict, VerdictKind};
+use std::time::Duration;
+
+use hangwatch_model::{format_duration, Activity, Verdict, VerdictKind};
+
+/// The words for a hold: no progress, but the ranks compute, so the job is not ended (agent and coordinator).
+pub fn computing_text(
+    stalled_for: Duration,
+    activity: Option<&Activity>,
+    max_stall: Option<Duration>,
+) -> String {
+    let work = activity.map_or("the ranks compute", |a| a.summary.as_str());
+    let limit = match max_stall {
+        Some(max) => format!(
+            "; it is ended if the work stops, or at --max-stall {}",
+            format_duration(max)
+        ),
+        None => String::new(),
+    };
+    format!(
+        "no progress signal for {}; {work}: not ending it{limit} (docs/false-alarms.md)",
+        format_duration(stalled_for)
+    )
+}
+
+/// The words when the ranks that computed without progress stopped computing.
+pub const WORK_STOPPED_TEXT: &str = "the ranks stopped computing and there is still no progress";
+
+/// The words when `--max-stall` passed while the ranks computed.
+pub fn max_stall_text(stalled_for: Duration) -> String {
+    format!(
+        "no progress for {} (--max-stall) although the ranks compute: ending the job",
+        format_duration(stalled_for)
+    )
+}
 
 /// Compresses a sorted rank list: `0-3, 5, 7-9`.
 pub fn rank_ranges(ranks: &[u32]) -> String {

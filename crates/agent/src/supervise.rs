@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hangwatch_diagnosis::{
-    decide, fast_path_due, thread_blocked, Blocked, DecideOptions, Detector, DetectorConfig,
-    FsStallTracker, ProgressSource, RankSample, StallState, Threshold,
+    decide, fast_path_due, thread_blocked, ActivityRule, Blocked, DecideOptions, Detector,
+    DetectorConfig, FsStallTracker, ProgressSource, RankSample, StallState, Threshold,
 };
 use hangwatch_inspect::prepared::PreparedStacks;
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
@@ -133,8 +133,9 @@ pub const EVENT_CAPACITY: usize = 1024;
 pub struct Investigation {
     pub trigger: Trigger,
     pub verdict: Verdict,
-    /// Where the evidence went, or why it could not be written.
-    pub evidence: Result<PathBuf, String>,
+    /// Where the evidence went, or why it could not be written; `None` when none was kept (a recheck that found
+    /// the ranks still computing).
+    pub evidence: Option<Result<PathBuf, String>>,
 }
 
 /// Errors that stop `run` before or outside the job.
@@ -408,6 +409,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         grace: config.grace,
         failed_rank_grace: config.failed_rank_grace,
         inspect_budget: inspect_budget(&config),
+        activity: activity_rule(&config.detector),
     });
     let mut sup = Supervisor {
         config,
@@ -501,6 +503,15 @@ fn runtime_dir() -> std::io::Result<tempfile::TempDir> {
     tempfile::Builder::new()
         .prefix("hangwatch-")
         .tempdir_in(base)
+}
+
+/// How long ranks seen computing without progress hold the hard tier back: until `--max-stall` (the detector's
+/// ceiling), unless the user fixed the threshold (`--stall-after`: their word that no silence lasts longer).
+pub fn activity_rule(detector: &DetectorConfig) -> ActivityRule {
+    match detector.fixed {
+        Some(_) => ActivityRule::never(),
+        None => ActivityRule::until(detector.ceiling),
+    }
 }
 
 /// How long a signal may be held back while a stuck job's evidence is taken: the roll call's own deadlines
@@ -604,15 +615,17 @@ impl Supervisor {
                     evidence,
                 } = *investigation;
                 match evidence {
-                    Ok(dir) => {
+                    Some(Ok(dir)) => {
                         say(format!("hangwatch: evidence in {}", dir.display()));
                         self.bundle = Some(dir);
                     }
-                    Err(why) => {
+                    Some(Err(why)) => {
                         tracing::warn!(reason = %why, "the evidence bundle is incomplete");
                         say(format!("hangwatch: warning: {why}"));
                     }
+                    None => {}
                 }
+                let active = verdict.activity.is_some();
                 let conclusive = match trigger {
                     // Before any threshold: only a mount that does not answer (or a stopped rank) will do.
                     Trigger::FsStall => hangwatch_diagnosis::is_confirmed_stuck(&verdict),
@@ -625,6 +638,7 @@ impl Supervisor {
                 Input::RollCallDone {
                     trigger,
                     conclusive,
+                    active,
                 }
             }
             Event::Discovered(found) => {
@@ -836,6 +850,9 @@ impl Supervisor {
         }
         let only_stuck_left =
             job_alive && self.policy.interrupted_by().is_some() && self.only_stuck_left();
+        if let Some(m) = &self.config.metrics {
+            m.set_computing_without_progress(self.policy.computing_without_progress());
+        }
         let actions = self.policy.handle(
             Input::Tick {
                 stall,
@@ -843,6 +860,7 @@ impl Supervisor {
                 job_alive,
                 only_stuck_left,
                 fs_stuck,
+                stalled_for: self.detector.stalled_for(now),
             },
             now,
         );
@@ -860,6 +878,7 @@ impl Supervisor {
                 Action::RollCall(trigger) => self.start_investigation(trigger),
                 Action::Forward(signal) => self.forward(signal),
                 Action::Terminate { kill_now } => self.start_termination(kill_now),
+                Action::AlertComputing => self.alert_computing(),
                 Action::Finish(ending) => return Some(self.finish(ending)),
             }
         }
@@ -889,7 +908,38 @@ impl Supervisor {
                 "hangwatch: ending the job: SIGTERM, {:.0}s grace, then SIGKILL",
                 grace.as_secs_f64()
             ),
+            Notice::Computing => format!(
+                "hangwatch: {}",
+                crate::render::computing_text(
+                    self.detector.stalled_for(self.now()),
+                    self.last_verdict.as_ref().and_then(|v| v.activity.as_ref()),
+                    self.policy.max_stall(),
+                )
+            ),
+            Notice::WorkStopped => format!("hangwatch: {}", crate::render::WORK_STOPPED_TEXT),
+            Notice::MaxStallPassed => format!(
+                "hangwatch: {}",
+                crate::render::max_stall_text(self.detector.stalled_for(self.now()))
+            ),
         }
+    }
+
+    /// The warning alert that the job computes without progress and is not ended for it (once per stall).
+    fn alert_computing(&self) {
+        let Some(verdict) = &self.last_verdict else {
+            return;
+        };
+        let mut message = Alert::new(Stage::Computing, verdict, unix_now());
+        message.job = self.config.job_id.clone();
+        message.node = self.config.node.clone();
+        message.evidence = self.bundle.as_ref().map(|dir| {
+            format!(
+                "{}:{}",
+                self.config.node.as_deref().unwrap_or("this node"),
+                dir.display()
+            )
+        });
+        self.config.alerter.send(&message);
     }
 
     fn forward(&mut self, signal: i32) {
@@ -1303,12 +1353,15 @@ impl Supervisor {
             ),
             _ => (threshold.hard, threshold.basis.as_str()),
         };
-        say(format!(
-            "hangwatch: no progress for {:.1}s ({}; threshold {:.0}s, {basis}): taking a roll call",
-            stalled_for.as_secs_f64(),
-            trigger.describe(),
-            tier_threshold.as_secs_f64(),
-        ));
+        // A recheck of ranks seen computing is said only when it finds the work stopped.
+        if trigger != Trigger::Recheck {
+            say(format!(
+                "hangwatch: no progress for {:.1}s ({}; threshold {:.0}s, {basis}): taking a roll call",
+                stalled_for.as_secs_f64(),
+                trigger.describe(),
+                tier_threshold.as_secs_f64(),
+            ));
+        }
         let job = self.investigation_job(trigger);
         self.spawn_investigation(trigger, "hw-rollcall", move || job.run());
     }
@@ -1373,7 +1426,7 @@ impl Supervisor {
                 .send(Event::Investigated(Box::new(Investigation {
                     trigger,
                     verdict: Verdict::unknown("the roll call could not be started"),
-                    evidence: Err(format!("cannot start the roll call: {e}")),
+                    evidence: Some(Err(format!("cannot start the roll call: {e}"))),
                 })));
         }
     }
@@ -1649,8 +1702,18 @@ impl InvestigationJob {
                 expected_nodes: Vec::new(),
             },
         );
+        if self.trigger == Trigger::Recheck && verdict.activity.is_some() {
+            // Still computing: the evidence of the first look stands; nothing new to keep or say.
+            return Investigation {
+                trigger: self.trigger,
+                verdict,
+                evidence: None,
+            };
+        }
         say(crate::render::verdict_text(&verdict));
-        self.keep(verdict, &observations, true)
+        // Ranks that compute are no hang: no "looks hung" alert (the policy says once that it holds back).
+        let alert = verdict.activity.is_none();
+        self.keep(verdict, &observations, alert)
     }
 
     /// This node's observations now: the rank processes, their threads, stacks and files, the filesystems they
@@ -1693,7 +1756,10 @@ impl InvestigationJob {
         observations: &NodeObservations,
         alert: bool,
     ) -> Investigation {
-        verdict.recurrence = self.record_history(&verdict);
+        // The history counts hangs: ranks seen computing are not one.
+        if verdict.activity.is_none() {
+            verdict.recurrence = self.record_history(&verdict);
+        }
         self.run.rollcall = crate::evidence::RollCallRecord::of(observations);
         let processes: Vec<ProcessObservation> = observations.processes().cloned().collect();
         let evidence = Evidence {
@@ -1732,7 +1798,7 @@ impl InvestigationJob {
         Investigation {
             trigger: self.trigger,
             verdict,
-            evidence: written,
+            evidence: Some(written),
         }
     }
 }

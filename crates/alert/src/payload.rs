@@ -13,6 +13,9 @@ pub enum Stage {
     Suspected,
     /// hangwatch acted on the hang (ended the job, requeued it); the alert says what was done.
     Acted,
+    /// Nothing reports progress, but the ranks compute (a silent evaluation, rank 0 preparing data): hangwatch
+    /// does not end the job for it, and says so once per stall (docs/false-alarms.md).
+    Computing,
 }
 
 impl Stage {
@@ -20,13 +23,14 @@ impl Stage {
         match self {
             Stage::Suspected => "suspected",
             Stage::Acted => "acted",
+            Stage::Computing => "computing",
         }
     }
 
     /// Alertmanager's `severity` label: a suspected hang warns, an acted one is critical (a job was ended).
     fn severity(self) -> &'static str {
         match self {
-            Stage::Suspected => "warning",
+            Stage::Suspected | Stage::Computing => "warning",
             Stage::Acted => "critical",
         }
     }
@@ -81,6 +85,9 @@ impl Alert {
         let head = match self.stage {
             Stage::Suspected => format!("hangwatch: {job} looks hung"),
             Stage::Acted => format!("hangwatch: {job} hung and hangwatch acted"),
+            Stage::Computing => format!(
+                "hangwatch: {job} makes no progress but its ranks compute; hangwatch is not ending it"
+            ),
         };
         let mut line = format!(
             "{head} — {}: {}",

@@ -41,22 +41,7 @@ pub fn parse_nonzero_duration(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// `1.5s`, `300ms`, `2m`: the shortest honest rendering, for messages.
-pub fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms < 120_000 {
-        let s = d.as_secs_f64();
-        if (s - s.round()).abs() < 0.05 {
-            format!("{}s", s.round())
-        } else {
-            format!("{s:.1}s")
-        }
-    } else {
-        format!("{}m", d.as_secs() / 60)
-    }
-}
+pub use hangwatch_model::format_duration;
 
 #[cfg(test)]
 mod tests {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hangwatch_diagnosis::{decide, is_conclusive_for_job, DecideOptions, OnHang};
+use hangwatch_diagnosis::{decide, is_conclusive_for_job, ActivityRule, DecideOptions, OnHang};
 use hangwatch_model::{NodeObservations, Verdict};
 use hangwatch_rpc::pb::{self, order};
 use hangwatch_rpc::{JobToken, DEFAULT_PROGRESS_INTERVAL};
@@ -387,6 +387,8 @@ pub struct SuperviseOptions {
     pub tick: Duration,
     /// How long the agents have to answer a roll call.
     pub roll_call_deadline: Duration,
+    /// How long ranks seen computing without progress hold the hard tier back.
+    pub activity: ActivityRule,
 }
 
 impl Default for SuperviseOptions {
@@ -397,6 +399,7 @@ impl Default for SuperviseOptions {
             on_hang: OnHang::Abort,
             tick: Duration::from_millis(250),
             roll_call_deadline: Duration::from_secs(8),
+            activity: ActivityRule::until(Duration::from_secs(30 * 60)),
         }
     }
 }
@@ -435,6 +438,19 @@ pub enum JobEvent {
     Terminating {
         nodes: Vec<String>,
     },
+    /// No progress, but the last roll call saw the ranks compute (its verdict): the job is not ended for it
+    /// until `max_stall` or until the work stops. Once per stall.
+    Computing {
+        stalled_for: Duration,
+        verdict: Box<Verdict>,
+        max_stall: Option<Duration>,
+    },
+    /// The ranks that computed without progress stopped: the job is ended.
+    WorkStopped,
+    /// `--max-stall` passed while the ranks computed.
+    MaxStallPassed {
+        stalled_for: Duration,
+    },
 }
 
 /// How the coordinator's work for a job ended.
@@ -455,6 +471,7 @@ impl Coordinator {
             fs_stuck: st.membership.any_fs_stuck(),
             unreachable: st.membership.unreachable(now()).into_iter().collect(),
             all_left: st.membership.all_left(),
+            stalled_for: st.membership.worst_stall().stalled_for,
         }
     }
 
@@ -467,7 +484,7 @@ impl Coordinator {
         events: mpsc::UnboundedSender<JobEvent>,
     ) -> JobEnding {
         let started = tokio::time::Instant::now();
-        let mut policy = JobPolicy::new(options.on_hang);
+        let mut policy = JobPolicy::new(options.on_hang, options.activity);
         let (done_tx, mut done_rx) =
             mpsc::unbounded_channel::<(JobTrigger, RollCallOutcome, Duration)>();
         let mut ticker = tokio::time::interval(options.tick);
@@ -504,8 +521,9 @@ impl Coordinator {
                         not_answered: outcome.not_answered.clone(),
                         took,
                     });
+                    let active = outcome.verdict.activity.is_some();
                     ending.verdict = Some(outcome.verdict);
-                    JobInput::RollCallDone { trigger, conclusive }
+                    JobInput::RollCallDone { trigger, conclusive, active }
                 }
             };
             let elapsed = started.elapsed();
@@ -522,6 +540,19 @@ impl Coordinator {
                     }
                     JobAction::Announce(JobNotice::ProgressResumed) => {
                         emit(JobEvent::ProgressResumed)
+                    }
+                    JobAction::Announce(JobNotice::Computing) => emit(JobEvent::Computing {
+                        stalled_for: self.state().membership.worst_stall().stalled_for,
+                        verdict: Box::new(ending.verdict.clone().unwrap_or_else(|| {
+                            Verdict::unknown("the ranks compute without progress")
+                        })),
+                        max_stall: options.activity.max_stall,
+                    }),
+                    JobAction::Announce(JobNotice::WorkStopped) => emit(JobEvent::WorkStopped),
+                    JobAction::Announce(JobNotice::MaxStallPassed) => {
+                        emit(JobEvent::MaxStallPassed {
+                            stalled_for: self.state().membership.worst_stall().stalled_for,
+                        })
                     }
                     JobAction::RollCall(trigger) => {
                         let stalled_for = self.state().membership.worst_stall().stalled_for;

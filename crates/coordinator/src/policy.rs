@@ -5,7 +5,10 @@
 //!
 //! ```text
 //!   Tick(worst stall) ──► Soft ─► RollCall(Soft) ──► done(conclusive) ─► Terminate ─► (every node leaves) ─► Finish
-//!                         Hard ─► RollCall(Hard) ──► done               ─► Terminate ─► ...
+//!                         Hard ─► RollCall(Hard) ──► done(no activity)  ─► Terminate ─► ...
+//!                                                    done(activity)     ─► hold: Announce(Computing), once
+//!   (holding) Tick ─► every 30 s RollCall(Recheck) ─► activity: hold on; none: Terminate
+//!                  ─► past --max-stall RollCall(MaxStall) ─► Terminate
 //!   Tick(a node silent) ─► Announce(unreachable) + RollCall(NodeUnreachable) ─► done ─► (report only)
 //! ```
 //!
@@ -17,7 +20,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use hangwatch_diagnosis::OnHang;
+use hangwatch_diagnosis::{
+    ActivityHold, ActivityRule, AfterLook, HoldCheck, HoldNotice, Look, OnHang,
+};
 
 use crate::membership::StallTier;
 
@@ -33,6 +38,10 @@ pub enum JobTrigger {
     /// A node's fast path holds (a rank stuck on its filesystem, or stopped): look at once, act only if a mount
     /// does not answer its probe.
     FsStall,
+    /// Past the hard threshold the ranks were seen computing: look again, act if the work stopped.
+    Recheck,
+    /// Past `--max-stall` while the ranks compute: look one last time, then act.
+    MaxStall,
 }
 
 impl JobTrigger {
@@ -43,6 +52,8 @@ impl JobTrigger {
             JobTrigger::Hard => "hard threshold",
             JobTrigger::NodeUnreachable => "a node stopped answering",
             JobTrigger::FsStall => "a rank stuck on its filesystem",
+            JobTrigger::Recheck => "still no progress while the ranks compute",
+            JobTrigger::MaxStall => "--max-stall",
         }
     }
 }
@@ -58,16 +69,20 @@ pub struct JobView {
     pub unreachable: BTreeSet<String>,
     /// Every node joined and then left: the job is over.
     pub all_left: bool,
+    /// How long the worst node has made no progress.
+    pub stalled_for: Duration,
 }
 
 /// What happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobInput {
     Tick(JobView),
-    /// A roll call finished; `conclusive`: strong enough to act on at the soft tier.
+    /// A roll call finished; `conclusive`: strong enough to act on at the soft tier; `active`: the ranks were
+    /// seen computing (`hangwatch_diagnosis::activity`).
     RollCallDone {
         trigger: JobTrigger,
         conclusive: bool,
+        active: bool,
     },
 }
 
@@ -77,6 +92,12 @@ pub enum JobNotice {
     Unreachable(Vec<String>),
     Reachable(Vec<String>),
     ProgressResumed,
+    /// No progress, but the ranks compute: the job is not ended for it (once per stall).
+    Computing,
+    /// The ranks that computed without progress stopped: the hold is over.
+    WorkStopped,
+    /// `--max-stall` passed while the ranks computed.
+    MaxStallPassed,
 }
 
 /// One thing for the loop to do.
@@ -111,11 +132,16 @@ pub struct JobPolicy {
     hard_pending: bool,
     /// The unreachable nodes already announced.
     announced: BTreeSet<String>,
+    /// Ranks computing without progress hold the hard tier back (the rule shared with the agents).
+    hold: ActivityHold,
+    stalled_for: Duration,
 }
 
 impl JobPolicy {
-    pub fn new(on_hang: OnHang) -> Self {
+    pub fn new(on_hang: OnHang, activity: ActivityRule) -> Self {
         Self {
+            hold: ActivityHold::new(activity),
+            stalled_for: Duration::ZERO,
             on_hang,
             stage: Stage::Watching,
             rollcall: None,
@@ -132,22 +158,30 @@ impl JobPolicy {
         self.stage == Stage::Terminating
     }
 
-    /// Decides what to do about `input`. (`now` is not needed yet: every timing rule lives in the agents'
-    /// detectors and the membership's silence.)
-    pub fn handle(&mut self, input: JobInput, _now: Duration) -> Vec<JobAction> {
+    /// Whether the job computes without progress in this stall (and so is not ended for it yet).
+    pub fn computing_without_progress(&self) -> bool {
+        self.hold.announced()
+    }
+
+    /// Decides what to do about `input` at `now` (since the coordinator started supervising).
+    pub fn handle(&mut self, input: JobInput, now: Duration) -> Vec<JobAction> {
         if self.stage == Stage::Finished {
             return Vec::new();
         }
         match input {
-            JobInput::Tick(view) => self.tick(view),
+            JobInput::Tick(view) => {
+                self.stalled_for = view.stalled_for;
+                self.tick(view, now)
+            }
             JobInput::RollCallDone {
                 trigger,
                 conclusive,
-            } => self.rollcall_done(trigger, conclusive),
+                active,
+            } => self.rollcall_done(trigger, conclusive, active, now),
         }
     }
 
-    fn tick(&mut self, view: JobView) -> Vec<JobAction> {
+    fn tick(&mut self, view: JobView, now: Duration) -> Vec<JobAction> {
         if view.all_left {
             self.stage = Stage::Finished;
             return vec![JobAction::Finish];
@@ -181,6 +215,7 @@ impl JobPolicy {
             self.hard_done = false;
             self.fast_done = false;
             self.hard_pending = false;
+            self.hold.reset();
         }
         if self.rollcall.is_some() {
             if view.stall == StallTier::Hard {
@@ -208,7 +243,11 @@ impl JobPolicy {
             {
                 actions.push(self.start(JobTrigger::NodeUnreachable));
             }
-            _ => {}
+            _ => match self.hold.tick(self.stalled_for, now) {
+                Some(HoldCheck::Recheck) => actions.push(self.start(JobTrigger::Recheck)),
+                Some(HoldCheck::MaxStall) => actions.push(self.start(JobTrigger::MaxStall)),
+                None => {}
+            },
         }
         actions
     }
@@ -218,24 +257,45 @@ impl JobPolicy {
         JobAction::RollCall(trigger)
     }
 
-    fn rollcall_done(&mut self, trigger: JobTrigger, conclusive: bool) -> Vec<JobAction> {
+    fn rollcall_done(
+        &mut self,
+        trigger: JobTrigger,
+        conclusive: bool,
+        active: bool,
+        now: Duration,
+    ) -> Vec<JobAction> {
         self.rollcall = None;
         if self.stage != Stage::Watching {
             return Vec::new();
         }
-        let act = match trigger {
-            JobTrigger::Hard => true,
-            JobTrigger::Soft | JobTrigger::FsStall => conclusive || self.hard_pending,
+        let look = match trigger {
+            JobTrigger::Hard => Look::Hard,
+            JobTrigger::Recheck => Look::Recheck,
+            JobTrigger::MaxStall => Look::MaxStall,
+            JobTrigger::Soft | JobTrigger::FsStall => Look::BelowHard {
+                conclusive,
+                hard_pending: self.hard_pending,
+            },
             // A silent node alone ends nothing: the job may go on without hearing from it (a cut management link).
-            JobTrigger::NodeUnreachable => false,
+            JobTrigger::NodeUnreachable => Look::Never,
         };
         self.hard_pending = false;
+        let AfterLook { act, say } = self.hold.after_look(look, active, self.stalled_for, now);
+        let mut actions: Vec<JobAction> = say
+            .map(|notice| {
+                JobAction::Announce(match notice {
+                    HoldNotice::Computing => JobNotice::Computing,
+                    HoldNotice::WorkStopped => JobNotice::WorkStopped,
+                    HoldNotice::MaxStallPassed => JobNotice::MaxStallPassed,
+                })
+            })
+            .into_iter()
+            .collect();
         if act && self.on_hang == OnHang::Abort {
             self.stage = Stage::Terminating;
-            vec![JobAction::Terminate]
-        } else {
-            Vec::new()
+            actions.push(JobAction::Terminate);
         }
+        actions
     }
 }
 
@@ -249,6 +309,7 @@ mod tests {
             fs_stuck: false,
             unreachable: unreachable.iter().map(|s| s.to_string()).collect(),
             all_left: false,
+            stalled_for: Duration::ZERO,
         })
     }
 
@@ -256,7 +317,10 @@ mod tests {
 
     #[test]
     fn a_soft_stall_looks_once_and_ends_the_job_on_conclusive_evidence() {
-        let mut p = JobPolicy::new(OnHang::Abort);
+        let mut p = JobPolicy::new(
+            OnHang::Abort,
+            ActivityRule::until(Duration::from_secs(1800)),
+        );
         assert!(p.handle(view(StallTier::Healthy, &[]), T).is_empty());
         assert_eq!(
             p.handle(view(StallTier::Soft, &[]), T),
@@ -270,7 +334,8 @@ mod tests {
             p.handle(
                 JobInput::RollCallDone {
                     trigger: JobTrigger::Soft,
-                    conclusive: true
+                    conclusive: true,
+                    active: false,
                 },
                 T
             ),
@@ -280,6 +345,7 @@ mod tests {
         assert!(p.handle(view(StallTier::Hard, &[]), T).is_empty());
         let done = JobInput::Tick(JobView {
             all_left: true,
+            stalled_for: Duration::ZERO,
             ..JobView::default()
         });
         assert_eq!(p.handle(done.clone(), T), vec![JobAction::Finish]);
@@ -289,11 +355,12 @@ mod tests {
     #[test]
     fn inconclusive_soft_evidence_waits_for_the_hard_tier_and_observe_never_ends_the_job() {
         for on_hang in [OnHang::Abort, OnHang::Observe] {
-            let mut p = JobPolicy::new(on_hang);
+            let mut p = JobPolicy::new(on_hang, ActivityRule::until(Duration::from_secs(1800)));
             p.handle(view(StallTier::Soft, &[]), T);
             let done = |trigger| JobInput::RollCallDone {
                 trigger,
                 conclusive: false,
+                active: false,
             };
             assert!(p.handle(done(JobTrigger::Soft), T).is_empty());
             assert_eq!(
@@ -310,14 +377,18 @@ mod tests {
 
     #[test]
     fn the_hard_tier_reached_during_the_soft_roll_call_acts_on_its_result() {
-        let mut p = JobPolicy::new(OnHang::Abort);
+        let mut p = JobPolicy::new(
+            OnHang::Abort,
+            ActivityRule::until(Duration::from_secs(1800)),
+        );
         p.handle(view(StallTier::Soft, &[]), T);
         assert!(p.handle(view(StallTier::Hard, &[]), T).is_empty());
         assert_eq!(
             p.handle(
                 JobInput::RollCallDone {
                     trigger: JobTrigger::Soft,
-                    conclusive: false
+                    conclusive: false,
+                    active: false,
                 },
                 T
             ),
@@ -327,12 +398,16 @@ mod tests {
 
     #[test]
     fn progress_resumed_rearms_the_tiers() {
-        let mut p = JobPolicy::new(OnHang::Observe);
+        let mut p = JobPolicy::new(
+            OnHang::Observe,
+            ActivityRule::until(Duration::from_secs(1800)),
+        );
         p.handle(view(StallTier::Soft, &[]), T);
         p.handle(
             JobInput::RollCallDone {
                 trigger: JobTrigger::Soft,
                 conclusive: false,
+                active: false,
             },
             T,
         );
@@ -348,7 +423,10 @@ mod tests {
 
     #[test]
     fn a_silent_node_is_named_at_once_and_ends_nothing_by_itself() {
-        let mut p = JobPolicy::new(OnHang::Abort);
+        let mut p = JobPolicy::new(
+            OnHang::Abort,
+            ActivityRule::until(Duration::from_secs(1800)),
+        );
         assert_eq!(
             p.handle(view(StallTier::Healthy, &["n2"]), T),
             vec![
@@ -364,7 +442,8 @@ mod tests {
             .handle(
                 JobInput::RollCallDone {
                     trigger: JobTrigger::NodeUnreachable,
-                    conclusive: true
+                    conclusive: true,
+                    active: false,
                 },
                 T
             )
@@ -386,7 +465,8 @@ mod tests {
             p.handle(
                 JobInput::RollCallDone {
                     trigger: JobTrigger::Soft,
-                    conclusive: true
+                    conclusive: true,
+                    active: false,
                 },
                 T
             ),
@@ -403,15 +483,22 @@ mod tests {
         let done = |conclusive| JobInput::RollCallDone {
             trigger: JobTrigger::FsStall,
             conclusive,
+            active: false,
         };
-        let mut p = JobPolicy::new(OnHang::Abort);
+        let mut p = JobPolicy::new(
+            OnHang::Abort,
+            ActivityRule::until(Duration::from_secs(1800)),
+        );
         assert_eq!(
             p.handle(stuck.clone(), T),
             vec![JobAction::RollCall(JobTrigger::FsStall)]
         );
         assert_eq!(p.handle(done(true), T), vec![JobAction::Terminate]);
 
-        let mut p = JobPolicy::new(OnHang::Abort);
+        let mut p = JobPolicy::new(
+            OnHang::Abort,
+            ActivityRule::until(Duration::from_secs(1800)),
+        );
         p.handle(stuck.clone(), T);
         assert!(p.handle(done(false), T).is_empty(), "a slow filesystem");
         assert!(p.handle(stuck, T).is_empty(), "asked once until progress");

@@ -4,11 +4,13 @@
 //! - [`rollcall`]: from the observations of every node, grouping ranks by position, naming the outliers, and the
 //!   one verdict.
 //! - [`acting`]: when a verdict is strong enough to act on.
+//! - [`activity`]: whether a job without progress still works, and how long that holds the hard tier back.
 //! - [`fs_stall`]: the fast path for a rank stuck on a filesystem (or stopped) while the job stalls.
 //! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
 //! - [`requeue`]: after a hung attempt under `--action requeue`: nodes to keep out, the restart budget.
 
 pub mod acting;
+pub mod activity;
 pub mod detector;
 pub mod fs_stall;
 pub mod position;
@@ -17,6 +19,9 @@ pub mod requeue;
 pub mod rollcall;
 
 pub use acting::{is_conclusive, is_conclusive_for_job, is_confirmed_stuck, OnHang};
+pub use activity::{
+    activity, ActivityHold, ActivityRule, AfterLook, HoldCheck, HoldDecision, HoldNotice, Look,
+};
 pub use detector::{
     Detector, DetectorConfig, ProgressBatch, ProgressSource, StallState, Threshold,
 };

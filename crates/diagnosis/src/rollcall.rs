@@ -422,7 +422,25 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             .then_with(|| a.where_.cmp(&b.where_))
     });
 
-    let summary = summarize(
+    let activity = crate::activity::activity(
+        &all.iter()
+            .map(|e| crate::activity::Seen {
+                rank: e
+                    .process
+                    .worker_of
+                    .as_ref()
+                    .map_or(e.process.rank, |w| w.rank),
+                rank_pid: e.rank_pid(),
+                worker: e.process.worker_of.is_some(),
+                condition: e.position.condition,
+                where_: &e.position.where_,
+            })
+            .collect::<Vec<_>>(),
+        !nodes_not_seen.is_empty() || kind == VerdictKind::NodeUnreachable,
+    )
+    // A worker stuck on a filesystem makes the verdict conclusive, whatever computes elsewhere.
+    .filter(|_| kind != VerdictKind::BlockedInKernel);
+    let mut summary = summarize(
         kind,
         &all,
         n_ranks,
@@ -432,6 +450,9 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         &nodes_not_seen,
         &ctx,
     );
+    if let (Some(a), VerdictKind::Unknown) = (&activity, kind) {
+        summary = format!("working in silence: {}", a.summary);
+    }
     let recommendations = recommend(
         kind,
         &all,
@@ -507,6 +528,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         },
         nodes_not_seen,
         recurrence: None,
+        activity,
     }
 }
 

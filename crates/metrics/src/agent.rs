@@ -223,6 +223,7 @@ pub struct AgentMetrics {
     ranks: Mutex<HashMap<u32, RankSeries>>,
     stall_state: Family<StateLabels, Gauge>,
     stalled_seconds: Seconds,
+    computing_without_progress: Gauge,
     threshold_seconds: Family<TierLabels, Seconds>,
     threshold_basis: Family<BasisLabels, Gauge>,
     outcomes: Outcomes,
@@ -251,6 +252,7 @@ impl AgentMetrics {
             ranks: Mutex::default(),
             stall_state: Family::default(),
             stalled_seconds: Seconds::default(),
+            computing_without_progress: Gauge::default(),
             threshold_seconds: Family::default(),
             threshold_basis: Family::default(),
             outcomes: Outcomes::default(),
@@ -296,6 +298,11 @@ impl AgentMetrics {
             "hangwatch_stalled_seconds",
             "Seconds since the job last made progress on this node (any rank)",
             metrics.stalled_seconds.clone(),
+        );
+        r.register(
+            "hangwatch_computing_without_progress",
+            "1 while the job makes no progress but a roll call saw its ranks compute, so hangwatch does not end it (until --max-stall or the work stops; docs/false-alarms.md)",
+            metrics.computing_without_progress.clone(),
         );
         r.register(
             "hangwatch_threshold_seconds",
@@ -385,6 +392,11 @@ impl AgentMetrics {
                 .set(i64::from(s == state));
         }
         self.stalled_seconds.set(stalled_for.as_secs_f64());
+    }
+
+    /// Whether the job computes without progress (and so is not ended for it).
+    pub fn set_computing_without_progress(&self, computing: bool) {
+        self.computing_without_progress.set(i64::from(computing));
     }
 
     /// The thresholds in force (`basis`: `None` when the detector named one this version does not know).

@@ -1,4 +1,4 @@
-//! The wall clock in the unit of every `*_unix_s` field (seconds since the Unix epoch, as `f64`), and those times
+//! Durations for people ([`format_duration`]), and the wall clock in the unit of every `*_unix_s` field (seconds since the Unix epoch, as `f64`), and those times
 //! for people: UTC, in the one civil-time formatting hangwatch has ([`hangwatch_kmsg::WallTime`]).
 
 use hangwatch_kmsg::WallTime;
@@ -19,6 +19,23 @@ pub fn utc_time(unix_s: f64) -> String {
             whole.human(None)
         })
         .unwrap_or_else(|| format!("{unix_s}s since 1970"))
+}
+
+/// `1.5s`, `300ms`, `2m`: the shortest honest rendering, for messages.
+pub fn format_duration(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 120_000 {
+        let s = d.as_secs_f64();
+        if (s - s.round()).abs() < 0.05 {
+            format!("{}s", s.round())
+        } else {
+            format!("{s:.1}s")
+        }
+    } else {
+        format!("{}m", d.as_secs() / 60)
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ mod recurrence;
 mod timeline;
 mod verdict;
 
-pub use clock::{unix_now, utc_time};
+pub use clock::{format_duration, unix_now, utc_time};
 pub use errors::error_chain;
 pub use node::*;
 pub use observation::*;

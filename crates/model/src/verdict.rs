@@ -101,6 +101,30 @@ pub struct Verdict {
     /// the history could not be written).
     #[serde(default)]
     pub recurrence: Option<crate::Recurrence>,
+    /// The ranks still work although nothing reports progress (see `hangwatch_diagnosis::activity`): evidence
+    /// that the job computes in silence (an evaluation, a preparation on rank 0), which holds the hard tier back
+    /// until `--max-stall`. Absent when the roll call saw no such work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<Activity>,
+}
+
+/// Work seen in a job that reports no progress: ranks (or their workers) whose CPU time advances, outside any wait.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Activity {
+    /// The ranks that compute, or whose workers compute.
+    pub ranks: Vec<u32>,
+    /// Their pids (a rank whose number is not known is still counted here).
+    pub pids: Vec<i32>,
+    /// Where most of them compute (the meaningful Python frame, else the kernel's word).
+    #[serde(rename = "where")]
+    pub where_: String,
+    /// How many ranks were seen in all.
+    pub of_ranks: usize,
+    /// The ranks that wait meanwhile, and where most of them wait.
+    pub waiting: usize,
+    pub waiting_where: Option<String>,
+    /// The activity in words: "all 4 ranks compute in evaluate (eval.py)".
+    pub summary: String,
 }
 
 impl Verdict {
@@ -124,6 +148,7 @@ impl Verdict {
             ranks: _,
             nodes_not_seen,
             recurrence,
+            activity,
         } = self;
         Verdict {
             version: *version,
@@ -141,6 +166,7 @@ impl Verdict {
             ranks: Vec::new(),
             nodes_not_seen: nodes_not_seen.clone(),
             recurrence: recurrence.clone(),
+            activity: activity.clone(),
         }
     }
 
@@ -162,6 +188,7 @@ impl Verdict {
             ranks: Vec::new(),
             nodes_not_seen: Vec::new(),
             recurrence: None,
+            activity: None,
         }
     }
 }

@@ -43,6 +43,10 @@ pub struct Args {
     /// submits the next attempt).
     #[arg(long, value_enum, default_value = "abort")]
     action: crate::commands::run::Action,
+    /// The latest a job whose ranks compute without progress is ended (as `run --max-stall`; the agents' own
+    /// thresholds decide when a stall begins): docs/false-alarms.md.
+    #[arg(long, default_value = "30m", value_parser = parse_nonzero_duration)]
+    max_stall: Duration,
     /// Print the last verdict (or that there was no hang) as one JSON document on stdout at the end.
     #[arg(long)]
     json: bool,
@@ -110,6 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     config.silence = args.silence;
     let options = SuperviseOptions {
         on_hang: args.action.on_hang(),
+        activity: hangwatch_diagnosis::ActivityRule::until(args.max_stall),
         ..SuperviseOptions::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -254,7 +259,14 @@ impl JobAlerts {
         let alert = match event {
             JobEvent::Verdict { verdict, .. } => {
                 *last_verdict = Some(verdict.without_ranks());
+                // Ranks that compute are no hang: the policy says once that it holds back (Computing).
+                if verdict.activity.is_some() {
+                    return;
+                }
                 Alert::new(Stage::Suspected, verdict, hangwatch_model::unix_now())
+            }
+            JobEvent::Computing { verdict, .. } => {
+                Alert::new(Stage::Computing, verdict, hangwatch_model::unix_now())
             }
             JobEvent::Terminating { nodes } => {
                 let Some(mut verdict) = last_verdict.clone() else {
@@ -349,6 +361,19 @@ pub fn describe(event: &JobEvent) -> String {
             "ending the job: ordered every node to end its ranks ({})",
             nodes.join(", ")
         ),
+        JobEvent::Computing {
+            stalled_for,
+            verdict,
+            max_stall,
+        } => hangwatch_agent::render::computing_text(
+            *stalled_for,
+            verdict.activity.as_ref(),
+            *max_stall,
+        ),
+        JobEvent::WorkStopped => hangwatch_agent::render::WORK_STOPPED_TEXT.into(),
+        JobEvent::MaxStallPassed { stalled_for } => {
+            hangwatch_agent::render::max_stall_text(*stalled_for)
+        }
     }
 }
 
@@ -368,6 +393,7 @@ impl HostedCoordinator {
         listen: SocketAddr,
         config: Config,
         on_hang: OnHang,
+        activity: hangwatch_diagnosis::ActivityRule,
         alerts: JobAlerts,
     ) -> anyhow::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -396,6 +422,7 @@ impl HostedCoordinator {
                 .supervise(
                     SuperviseOptions {
                         on_hang,
+                        activity,
                         ..SuperviseOptions::default()
                     },
                     events,

@@ -130,7 +130,8 @@ pub struct Args {
     /// Learned thresholds never go below this.
     #[arg(long, default_value = "2m", value_parser = parse_nonzero_duration)]
     min_stall: Duration,
-    /// Learned thresholds never go above this (also the limit for a phase seen for the first time).
+    /// Learned thresholds never go above this (also the limit for a phase seen for the first time, and the
+    /// latest a job whose ranks compute without progress is ended: docs/false-alarms.md).
     #[arg(long, default_value = "30m", value_parser = parse_nonzero_duration)]
     max_stall: Duration,
     /// Do not prefix output lines with `[rank N]`.
@@ -309,11 +310,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         fs_stall: args.fs_stall,
         metrics: agent_metrics.clone(),
     };
+    let activity = hangwatch_agent::supervise::activity_rule(&config.detector);
     let hosted = match coordination.as_ref().and_then(|c| c.host.as_ref()) {
         Some((listen, config)) => Some(crate::commands::coordinator::HostedCoordinator::start(
             *listen,
             config.clone(),
             args.action.on_hang(),
+            activity,
             crate::commands::coordinator::JobAlerts {
                 alerter: std::sync::Arc::clone(&alerter),
                 job: Some(job_id.clone()),
