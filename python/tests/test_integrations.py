@@ -98,11 +98,11 @@ def fresh_import(name):
 
 TRANSFORMERS_EXPECTED = (
     [beat(1)]
-    + [beat(2), begin("eval"), beat(), beat(), end("eval")]
+    + [beat(2), begin("evaluation"), beat(), beat(), end("evaluation")]
     + [beat(3), begin("checkpoint"), end("checkpoint")]
-    + [beat(4), begin("eval"), beat(), beat(), end("eval")]
+    + [beat(4), begin("evaluation"), beat(), beat(), end("evaluation")]
     + [beat(5)]
-    + [beat(6), begin("eval"), beat(), beat(), end("eval"), begin("checkpoint"), end("checkpoint")]
+    + [beat(6), begin("evaluation"), beat(), beat(), end("evaluation"), begin("checkpoint"), end("checkpoint")]
 )
 """eval every 2 steps, save every 3, two evaluation batches: what a Trainer run of 6 steps sends."""
 
@@ -169,7 +169,7 @@ def test_transformers_evaluate_called_by_hand_and_epoch_flags(recorder, isolated
     cb.on_epoch_end(None, None, SimpleNamespace(should_evaluate=False, should_save=True))
     cb.on_save(None, None, idle)
     cb.on_save(None, None, idle)
-    assert events(recorder) == [begin("eval"), beat(), end("eval"), beat(), begin("checkpoint"), end("checkpoint")]
+    assert events(recorder) == [begin("evaluation"), beat(), end("evaluation"), beat(), begin("checkpoint"), end("checkpoint")]
 
 
 @pytest.mark.skipif(HAS_TRANSFORMERS, reason="transformers is installed")
@@ -203,9 +203,9 @@ def run_lightning_fit(cb, trainer):
 
 
 LIGHTNING_EXPECTED = (
-    [begin("eval"), beat(), end("eval")]
-    + [beat(1), beat(2), begin("eval"), beat(), end("eval"), begin("checkpoint")]
-    + [end("checkpoint"), beat(3), beat(4), begin("eval"), beat(), end("eval"), begin("checkpoint"), end("checkpoint")]
+    [begin("evaluation"), beat(), end("evaluation")]
+    + [beat(1), beat(2), begin("evaluation"), beat(), end("evaluation"), begin("checkpoint")]
+    + [end("checkpoint"), beat(3), beat(4), begin("evaluation"), beat(), end("evaluation"), begin("checkpoint"), end("checkpoint")]
 )
 
 
@@ -236,7 +236,7 @@ def test_lightning_exception_closes_open_phases(recorder, isolated_modules):
     cb.on_validation_start(trainer, None)
     cb.on_exception(trainer, None, RuntimeError("x"))
     cb.teardown(trainer, None, "fit")
-    assert events(recorder) == [begin("eval"), end("eval")]
+    assert events(recorder) == [begin("evaluation"), end("evaluation")]
 
 
 @pytest.mark.skipif(HAS_LIGHTNING, reason="lightning is installed")
