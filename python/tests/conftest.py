@@ -120,6 +120,14 @@ def fresh_client(monkeypatch):
 
 
 @pytest.fixture
+def one_process(monkeypatch):
+    """No RANK/LOCAL_RANK/WORLD_SIZE: with torch installed, transformers, accelerate and Lightning take the test kit's
+    RANK for a distributed launch and try to join a process group."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
 def agent(sockdir, monkeypatch):
     a = Agent(os.path.join(sockdir, "agent.sock"))
     monkeypatch.setenv(_client.ENV_SOCKET, a.path)

@@ -20,13 +20,6 @@ HAS_TRANSFORMERS = HAS_TORCH and importlib.util.find_spec("transformers") is not
 HAS_LIGHTNING = HAS_TORCH and importlib.util.find_spec("lightning") is not None
 
 
-@pytest.fixture
-def one_process(monkeypatch):
-    """The frameworks read RANK/LOCAL_RANK (set by the test kit) as a distributed launch; these runs are one process."""
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-
-
 def taking_callback(base, agent, got):
     """A `base` subclass whose every `on_*` hook takes the datagrams delivered so far."""
 
