@@ -58,6 +58,18 @@ class Agent:
         self.sock.settimeout(timeout)
         return self.sock.recv(70_000)
 
+    def take(self) -> List[Message]:
+        """Everything delivered so far, without waiting. A send to a Unix datagram socket has queued its datagram by
+        the time it returns, so a test that takes after each framework event never lets the socket's queue of ~11
+        datagrams fill, and every beat arrives."""
+        self.sock.setblocking(False)
+        out = []
+        while True:
+            try:
+                out.append(parse(self.sock.recv(70_000)))
+            except BlockingIOError:
+                return out
+
     def drain(self, quiet: float = 0.2) -> List[Message]:
         """Everything that arrives until nothing has come for `quiet` seconds."""
         out = []
@@ -105,6 +117,14 @@ def fresh_client(monkeypatch):
     _client._reset()
     yield
     _client._reset()
+
+
+@pytest.fixture
+def one_process(monkeypatch):
+    """No RANK/LOCAL_RANK/WORLD_SIZE: with torch installed, transformers, accelerate and Lightning take the test kit's
+    RANK for a distributed launch and try to join a process group."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture

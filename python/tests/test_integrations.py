@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import types
 from types import SimpleNamespace
@@ -98,17 +99,17 @@ def fresh_import(name):
 
 TRANSFORMERS_EXPECTED = (
     [beat(1)]
-    + [beat(2), begin("eval"), beat(), beat(), end("eval")]
+    + [beat(2), begin("evaluation"), beat(), beat(), end("evaluation")]
     + [beat(3), begin("checkpoint"), end("checkpoint")]
-    + [beat(4), begin("eval"), beat(), beat(), end("eval")]
+    + [beat(4), begin("evaluation"), beat(), beat(), end("evaluation")]
     + [beat(5)]
-    + [beat(6), begin("eval"), beat(), beat(), end("eval"), begin("checkpoint"), end("checkpoint")]
+    + [beat(6), begin("evaluation"), beat(), beat(), end("evaluation"), begin("checkpoint"), end("checkpoint")]
 )
 """eval every 2 steps, save every 3, two evaluation batches: what a Trainer run of 6 steps sends."""
 
 
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed")
-def test_transformers_callback_with_the_real_trainer_flow(recorder, tmp_path):
+def test_transformers_callback_with_the_real_trainer_flow(one_process, recorder, tmp_path):
     from transformers import TrainerControl, TrainerState, TrainingArguments
     from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
@@ -141,6 +142,79 @@ def test_transformers_callback_with_the_real_trainer_flow(recorder, tmp_path):
     assert events(recorder) == TRANSFORMERS_EXPECTED
 
 
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed")
+def test_transformers_evaluation_phase_over_the_socket(one_process, agent, tmp_path):
+    """transformers' own CallbackHandler and DefaultFlowCallback drive the callback through a run with an evaluation
+    at the start, every 2 steps (3 batches each) and a `trainer.predict` at the end; the agent's socket gets each
+    evaluation as one `begin evaluation` .. `end evaluation` with a beat per batch inside, every datagram in order."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+
+    import hangwatch
+    from hangwatch.integrations.transformers import HangwatchCallback
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=3,
+        logging_steps=100,
+        report_to=[],
+    )
+    handler = CallbackHandler([DefaultFlowCallback, HangwatchCallback()], None, None, None, None)
+    state = TrainerState(max_steps=6)
+    for field in ("logging_steps", "eval_steps", "save_steps"):
+        setattr(state, field, getattr(args, field))
+    control = TrainerControl()
+    got = []
+
+    def event(name, **kwargs):
+        nonlocal control
+        control = getattr(handler, name)(args, state, control, **kwargs)
+        got.extend(agent.take())
+
+    def evaluation(batches, end="on_evaluate"):
+        for _ in range(batches):
+            event("on_prediction_step")
+        event(end, metrics={})
+
+    event("on_train_begin")
+    evaluation(2)  # eval_on_start: no flag, opened by the first prediction step
+    event("on_epoch_begin")
+    for step in range(1, 7):
+        event("on_step_begin")
+        state.global_step = step
+        event("on_step_end")
+        if control.should_evaluate:
+            evaluation(3)
+        if control.should_save:
+            event("on_save")
+    event("on_epoch_end")
+    event("on_train_end")
+    evaluation(2, end="on_predict")
+
+    evaluation_run = lambda n: [begin("evaluation")] + [beat()] * n + [end("evaluation")]  # noqa: E731
+    assert [(m.type, m.fields) for m in got] == (
+        [("hello", ["-", hangwatch.__version__])]
+        + evaluation_run(2)
+        + [beat(1), beat(2)]
+        + evaluation_run(3)
+        + [beat(3), begin("checkpoint"), end("checkpoint"), beat(4)]
+        + evaluation_run(3)
+        + [beat(5), beat(6)]
+        + evaluation_run(3)
+        + [begin("checkpoint"), end("checkpoint")]
+        + evaluation_run(2)
+    )
+    assert [m.seq for m in got] == list(range(1, len(got) + 1))
+    assert {(m.rank, m.pid) for m in got} == {("-", os.getpid())}
+    phases = [" ".join(m.fields) for m in got if m.type == "phase" and m.fields[1] == "evaluation"]
+    assert phases == ["begin evaluation", "end evaluation"] * 5
+    stats = hangwatch.stats()
+    assert (stats["dropped"], stats["queued"]) == (0, 0)
+
+
 def test_transformers_callback_with_stand_in_flags(recorder, isolated_modules):
     stand_in("transformers", TrainerCallback=type("TrainerCallback", (), {}))
     cb = fresh_import("hangwatch.integrations.transformers").HangwatchCallback()
@@ -169,7 +243,63 @@ def test_transformers_evaluate_called_by_hand_and_epoch_flags(recorder, isolated
     cb.on_epoch_end(None, None, SimpleNamespace(should_evaluate=False, should_save=True))
     cb.on_save(None, None, idle)
     cb.on_save(None, None, idle)
-    assert events(recorder) == [begin("eval"), beat(), end("eval"), beat(), begin("checkpoint"), end("checkpoint")]
+    assert events(recorder) == (
+        [begin("evaluation"), beat(), end("evaluation")] + [beat(), begin("checkpoint"), end("checkpoint")]
+    )
+
+
+def test_transformers_evaluation_is_opened_once_closed_once_and_never_left_open(recorder, isolated_modules):
+    stand_in("transformers", TrainerCallback=type("TrainerCallback", (), {}))
+    cb = fresh_import("hangwatch.integrations.transformers").HangwatchCallback()
+    idle = SimpleNamespace(should_evaluate=False, should_save=False)
+    # Ends without a begin send nothing.
+    cb.on_evaluate(None, None, idle)
+    cb.on_predict(None, None, idle)
+    # The flag opens it; prediction steps do not open it again; a second on_evaluate does not close it again.
+    cb.on_step_end(None, SimpleNamespace(global_step=1), SimpleNamespace(should_evaluate=True, should_save=False))
+    cb.on_prediction_step(None, None, idle)
+    cb.on_prediction_step(None, None, idle)
+    cb.on_evaluate(None, None, idle)
+    cb.on_evaluate(None, None, idle)
+    # The flag was set but another callback cleared it: no on_evaluate; the next step closes the phase.
+    cb.on_step_end(None, SimpleNamespace(global_step=2), SimpleNamespace(should_evaluate=True, should_save=False))
+    cb.on_step_begin(None, None, idle)
+    cb.on_step_end(None, SimpleNamespace(global_step=3), idle)
+    # An evaluation that raised (no on_evaluate) is closed by the next epoch, and one open at train end by it.
+    cb.on_prediction_step(None, None, idle)
+    cb.on_epoch_begin(None, None, idle)
+    cb.on_prediction_step(None, None, idle)
+    cb.on_train_end(None, None, idle)
+    cb.on_train_end(None, None, idle)
+    # trainer.predict: opened by its first prediction step, closed by on_predict.
+    cb.on_prediction_step(None, None, idle)
+    cb.on_predict(None, None, idle)
+    assert events(recorder) == (
+        [beat(1), begin("evaluation"), beat(), beat(), end("evaluation")]
+        + [beat(2), begin("evaluation"), end("evaluation"), beat(3)]
+        + [begin("evaluation"), beat(), end("evaluation")]
+        + [begin("evaluation"), beat(), end("evaluation")]
+        + [begin("evaluation"), beat(), end("evaluation")]
+    )
+
+
+def test_transformers_open_checkpoint_is_closed_when_training_goes_on(recorder, isolated_modules):
+    """`save_strategy="best"` clears `should_save` after on_evaluate saw it set: no save, no on_save."""
+    stand_in("transformers", TrainerCallback=type("TrainerCallback", (), {}))
+    cb = fresh_import("hangwatch.integrations.transformers").HangwatchCallback()
+    both = SimpleNamespace(should_evaluate=True, should_save=True)
+    cb.on_step_end(None, SimpleNamespace(global_step=1), both)
+    cb.on_prediction_step(None, None, both)
+    cb.on_evaluate(None, None, both)
+    cb.on_step_begin(None, None, SimpleNamespace(should_evaluate=False, should_save=False))
+    assert events(recorder) == [
+        beat(1),
+        begin("evaluation"),
+        beat(),
+        end("evaluation"),
+        begin("checkpoint"),
+        end("checkpoint"),
+    ]
 
 
 @pytest.mark.skipif(HAS_TRANSFORMERS, reason="transformers is installed")
@@ -184,9 +314,11 @@ def test_transformers_missing_says_what_to_install(isolated_modules):
 def run_lightning_fit(cb, trainer):
     """Hook order of `Trainer.fit` with a sanity check, 2 epochs of 2 batches, validation and a checkpoint per epoch
     (ModelCheckpoint runs last, after the other callbacks' on_validation_end)."""
+    cb.on_sanity_check_start(trainer, None)
     cb.on_validation_start(trainer, None)
     cb.on_validation_batch_end(trainer, None, None, None, 0)
     cb.on_validation_end(trainer, None)
+    cb.on_sanity_check_end(trainer, None)
     for _epoch in range(2):
         cb.on_train_epoch_start(trainer, None)
         for batch_idx in range(2):
@@ -203,9 +335,10 @@ def run_lightning_fit(cb, trainer):
 
 
 LIGHTNING_EXPECTED = (
-    [begin("eval"), beat(), end("eval")]
-    + [beat(1), beat(2), begin("eval"), beat(), end("eval"), begin("checkpoint")]
-    + [end("checkpoint"), beat(3), beat(4), begin("eval"), beat(), end("eval"), begin("checkpoint"), end("checkpoint")]
+    [begin("evaluation"), beat(), end("evaluation")]
+    + [beat(1), beat(2), begin("evaluation"), beat(), end("evaluation"), begin("checkpoint")]
+    + [end("checkpoint"), beat(3), beat(4), begin("evaluation"), beat(), end("evaluation")]
+    + [begin("checkpoint"), end("checkpoint")]
 )
 
 
@@ -236,7 +369,38 @@ def test_lightning_exception_closes_open_phases(recorder, isolated_modules):
     cb.on_validation_start(trainer, None)
     cb.on_exception(trainer, None, RuntimeError("x"))
     cb.teardown(trainer, None, "fit")
-    assert events(recorder) == [begin("eval"), end("eval")]
+    assert events(recorder) == [begin("evaluation"), end("evaluation")]
+
+
+def test_lightning_test_and_predict_loops_are_evaluation(recorder, isolated_modules):
+    stand_in("lightning")
+    stand_in("lightning.pytorch", Callback=type("Callback", (StandInBase,), {}))
+    cb = fresh_import("hangwatch.integrations.lightning").HangwatchCallback()
+    trainer = SimpleNamespace(global_step=4)
+    # A checkpoint left open by the end of fit (no teardown yet) ends when the test loop starts.
+    cb.on_save_checkpoint(trainer, None, {})
+    cb.on_test_start(trainer, None)
+    for batch_idx in range(2):
+        cb.on_test_batch_end(trainer, None, None, None, batch_idx, 0)
+    cb.on_test_end(trainer, None)
+    cb.on_test_end(trainer, None)
+    cb.teardown(trainer, None, "test")
+    cb.on_predict_start(trainer, None)
+    cb.on_predict_start(trainer, None)
+    cb.on_predict_batch_end(trainer, None, None, None, 0, 0)
+    cb.on_predict_end(trainer, None)
+    cb.teardown(trainer, None, "predict")
+    assert events(recorder) == [
+        begin("checkpoint"),
+        end("checkpoint"),
+        begin("evaluation"),
+        beat(),
+        beat(),
+        end("evaluation"),
+        begin("evaluation"),
+        beat(),
+        end("evaluation"),
+    ]
 
 
 @pytest.mark.skipif(HAS_LIGHTNING, reason="lightning is installed")
@@ -301,6 +465,9 @@ def test_accelerate_watch_beats_and_phases(recorder):
 
 
 def test_accelerate_module_does_not_import_accelerate(isolated_modules):
+    # transformers imports accelerate where torch is installed; forget it here (isolated_modules puts it back).
+    for name in [n for n in sys.modules if n == "accelerate" or n.startswith("accelerate.")]:
+        del sys.modules[name]
     fresh_import("hangwatch.integrations.accelerate")
     assert "accelerate" not in sys.modules
 
@@ -310,11 +477,27 @@ def test_callbacks_never_raise_on_objects_without_the_expected_fields(recorder, 
     stand_in("lightning")
     stand_in("lightning.pytorch", Callback=type("Callback", (StandInBase,), {}))
     hf = fresh_import("hangwatch.integrations.transformers").HangwatchCallback()
-    for hook in ("on_step_end", "on_substep_end", "on_epoch_end", "on_prediction_step", "on_evaluate", "on_save"):
+    for hook in (
+        "on_train_begin",
+        "on_epoch_begin",
+        "on_step_begin",
+        "on_step_end",
+        "on_substep_end",
+        "on_epoch_end",
+        "on_prediction_step",
+        "on_evaluate",
+        "on_predict",
+        "on_save",
+        "on_train_end",
+    ):
         getattr(hf, hook)(None, None, None)
     pl = fresh_import("hangwatch.integrations.lightning").HangwatchCallback()
     pl.on_train_batch_end(None, None, None, None, 0)
+    pl.on_sanity_check_start(None, None)
     pl.on_validation_start(None, None)
+    pl.on_test_start(None, None)
+    pl.on_test_batch_end(None, None, None, None, 0)
+    pl.on_predict_batch_end(None, None, None, None, 0)
     pl.on_save_checkpoint(None, None, None)
     pl.teardown(None, None, "fit")
     assert ("beat", ["-"]) in recorder.seen

@@ -78,6 +78,31 @@ def test_phase_as_decorator_ends_even_when_the_function_raises(agent):
     assert phases == [["begin", "eval"], ["end", "eval"]] * 2
 
 
+def test_evaluation_is_the_phase_named_evaluation_as_context_manager_and_decorator(agent):
+    from hangwatch.integrations._phases import EVALUATION
+
+    assert EVALUATION == "evaluation"
+
+    @hangwatch.evaluation()
+    def validate(fail):
+        hangwatch.beat()
+        if fail:
+            raise ValueError("boom")
+
+    with hangwatch.evaluation():
+        hangwatch.beat()
+    validate(False)
+    with pytest.raises(ValueError, match="boom"):
+        validate(True)
+    with hangwatch.phase("evaluation"):
+        pass
+    msgs = [m for m in agent.drain() if m.type != "hello"]
+    once = [("phase", ["begin", "evaluation"]), ("beat", ["-"]), ("phase", ["end", "evaluation"])]
+    assert [(m.type, m.fields) for m in msgs] == once * 3 + [once[0], once[2]]
+    raw = [m.raw.split(b" ", 5)[5] for m in msgs if m.type == "phase"]
+    assert raw == [b"begin evaluation", b"end evaluation"] * 4
+
+
 def test_phase_name_with_newline_stays_one_line(agent):
     with hangwatch.phase("a\nb"):
         pass

@@ -6,7 +6,7 @@ Importing this package imports nothing beyond the standard library; the framewor
 
 from hangwatch._client import beat, flush, stats
 from hangwatch._logging import LoggingHandler
-from hangwatch._phase import phase
+from hangwatch._phase import evaluation, phase
 from hangwatch._version import __version__
 
-__all__ = ["beat", "phase", "LoggingHandler", "stats", "flush", "__version__"]
+__all__ = ["beat", "phase", "evaluation", "LoggingHandler", "stats", "flush", "__version__"]

@@ -7,9 +7,13 @@ from typing import Any
 
 from hangwatch import _client
 
+EVALUATION = "evaluation"
+"""The one name of the evaluation phase, used by `evaluation()` and every framework callback, so the agent learns
+one evaluation duration per job whatever sends it."""
+
 
 class phase(contextlib.ContextDecorator):
-    """`with hangwatch.phase("checkpoint"):` or `@hangwatch.phase("eval")`.
+    """`with hangwatch.phase("checkpoint"):` or `@hangwatch.phase("checkpoint")`.
 
     A 10-minute checkpoint must not look like a hang and a 10-second stall in a training step must; the agent can
     only tell the two apart when it knows the phase. Phases nest (each `with` sends its own begin and end). Begin and
@@ -37,3 +41,13 @@ class phase(contextlib.ContextDecorator):
 
     def __repr__(self) -> str:
         return "hangwatch.phase(%r)" % self.name
+
+
+def evaluation() -> phase:
+    """`with hangwatch.evaluation():` or `@hangwatch.evaluation()`: the phase `evaluation`, as the callbacks send it.
+
+    A validation loop that runs for minutes without a beat is not a hang: inside this phase the agent applies the
+    evaluation threshold it learned from earlier evaluations (the ceiling for the first one) instead of the step
+    threshold. Same as `hangwatch.phase("evaluation")`.
+    """
+    return phase(EVALUATION)

@@ -5,16 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from hangwatch import _client
-from hangwatch.integrations._phases import CHECKPOINT, EVAL, OpenPhases
+from hangwatch.integrations._phases import CHECKPOINT, EVALUATION, OpenPhases
 
 
 class LightningHooks:
     """The hook logic, apart from the base class so that both Lightning packages can share it.
 
-    Beats on every training batch (with `trainer.global_step`) and validation batch; phase `eval` spans validation
-    (sanity check included) and phase `checkpoint` starts at `on_save_checkpoint`. Lightning has no hook after a
-    checkpoint is written, so `checkpoint` ends at the next hook that means training or validation goes on (or at
-    the end of fit); the phase therefore covers the write and the barrier that follows it on every rank.
+    Beats on every training batch (with `trainer.global_step`) and every validation, test and predict batch (no
+    step). Phase `evaluation` spans each evaluation loop: validation (`on_validation_start` .. `on_validation_end`),
+    the sanity check (from `on_sanity_check_start`, so the validation dataloader's start is inside it),
+    `trainer.test` and `trainer.predict`. Phase `checkpoint` starts at `on_save_checkpoint`. Lightning has no hook
+    after a checkpoint is written, so `checkpoint` ends at the next hook that means training or evaluation goes on
+    (or at the end of fit); the phase therefore covers the write and the barrier that follows it on every rank.
+    A phase is opened at most once and closed only when open; `on_exception` and `teardown` close what is left.
     """
 
     def __init__(self) -> None:
@@ -27,15 +30,38 @@ class LightningHooks:
         self._phases.end(CHECKPOINT)
         _client.beat(getattr(trainer, "global_step", None))
 
+    def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
+        self._begin_evaluation()
+
+    def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
+        self._phases.end(EVALUATION)
+
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        self._phases.end(CHECKPOINT)
-        self._phases.begin(EVAL)
+        self._begin_evaluation()
 
     def on_validation_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
         _client.beat()
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        self._phases.end(EVAL)
+        self._phases.end(EVALUATION)
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._begin_evaluation()
+
+    def on_test_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        _client.beat()
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self._phases.end(EVALUATION)
+
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        self._begin_evaluation()
+
+    def on_predict_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        _client.beat()
+
+    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
+        self._phases.end(EVALUATION)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
         self._phases.begin(CHECKPOINT)
@@ -51,3 +77,7 @@ class LightningHooks:
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._phases.end_all()
+
+    def _begin_evaluation(self) -> None:
+        self._phases.end(CHECKPOINT)
+        self._phases.begin(EVALUATION)

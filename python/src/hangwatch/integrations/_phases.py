@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import List
 
 from hangwatch import _client
+from hangwatch._phase import EVALUATION
 
-EVAL = "eval"
 CHECKPOINT = "checkpoint"
+
+__all__ = ["CHECKPOINT", "EVALUATION", "OpenPhases"]
 
 
 class OpenPhases:
@@ -29,6 +31,8 @@ class OpenPhases:
         _client.post(b"phase", b"end " + name.encode(), "phase")
 
     def end_all(self) -> None:
+        if not self._open:
+            return
         for name in reversed(list(self._open)):
             self.end(name)
 

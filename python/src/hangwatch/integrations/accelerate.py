@@ -21,7 +21,12 @@ def watch(accelerator: T) -> T:
     every backward pass with the number of backward passes so far in this process as the step (micro-batches
     under gradient accumulation; equal on every data-parallel rank, so a rank that is behind shows), `save_state`,
     `save_model` and `save` run in phase `checkpoint`, `load_state` in phase `load`. Calling it twice is harmless.
-    It does not import accelerate; evaluation loops can use `with hangwatch.phase("eval"):`.
+    It does not import accelerate.
+
+    accelerate has no evaluation hook either, and nothing `watch` could wrap marks where an evaluation loop starts
+    and ends (`gather_for_metrics` runs per batch, and only when there are metrics), so an evaluation loop says it
+    itself with `with hangwatch.evaluation():` (a `hangwatch.beat()` per batch inside makes progress within it
+    count).
     """
     if getattr(accelerator, _MARK, False):
         return accelerator
