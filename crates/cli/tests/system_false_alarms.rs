@@ -1,0 +1,175 @@
+//! System tests of what hangwatch must not take for a hang (docs/false-alarms.md), with real torch ranks (gloo, CPU)
+//! under `hangwatch run --nproc 4` at the defaults: every rank evaluating in silence for 150 s, rank 0 alone
+//! preparing data for 150 s while its peers wait in all_reduce. Both must run to exit 0, with the "not ending it"
+//! notice and its warning alert once. A loop that never ends is still ended, at `--max-stall`; a busy rank under
+//! a fixed `--stall-after` is ended at it, as before.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use hangwatch_testkit::{require, torch_python, AlertReceiver};
+use serde_json::Value;
+
+fn silent_job(python: &Path, mode: &str, silence: &str) -> Vec<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/silent_job.py");
+    vec![
+        python.to_string_lossy().into_owned(),
+        script.to_string_lossy().into_owned(),
+        "--mode".into(),
+        mode.into(),
+        "--silence".into(),
+        silence.into(),
+    ]
+}
+
+const NOT_ENDING: &str = "not ending it";
+
+/// The alerts `receiver` got, by their stage.
+fn stages(receiver: &AlertReceiver) -> Vec<String> {
+    receiver
+        .requests()
+        .iter()
+        .filter_map(|r| r["body"]["hangwatch"]["stage"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// A healthy job with a silent phase at the defaults: runs to exit 0, says once that it holds back, alerts once.
+fn runs_to_the_end(mode: &str, expect_in_notice: &str) {
+    let torch = require!(torch_python());
+    let receiver = require!(AlertReceiver::http(0));
+    let webhook = format!("{}/hook", receiver.base_url());
+    let mut run = HangwatchRun::start(
+        &["--nproc", "4", "--quiet", "--webhook", &webhook],
+        &silent_job(torch, mode, "150"),
+    );
+    let done = run.finish(Duration::from_secs(280));
+    done.assert_code(0);
+    let notices: Vec<&str> = done
+        .stderr
+        .lines()
+        .filter(|l| l.contains(NOT_ENDING))
+        .collect();
+    assert_eq!(notices.len(), 1, "said once: {}", done.describe());
+    assert!(
+        notices[0].contains(expect_in_notice),
+        "the notice names the work: {}",
+        notices[0]
+    );
+    assert!(
+        done.stderr.contains("progress resumed"),
+        "{}",
+        done.describe()
+    );
+    // The thresholds were learned from the steps (2 min floor), not fixed or still warming up.
+    let thresholds: Value = serde_json::from_str(
+        &std::fs::read_to_string(done.report_dir.join("thresholds.json")).expect("thresholds.json"),
+    )
+    .expect("thresholds.json is JSON");
+    assert_eq!(thresholds["basis"], "learned", "{thresholds}");
+    let verdict: Value = serde_json::from_str(
+        &std::fs::read_to_string(done.report_dir.join("verdict.json")).expect("verdict.json"),
+    )
+    .expect("verdict.json is JSON");
+    assert!(
+        verdict["activity"]["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains(expect_in_notice)),
+        "the evidence keeps the activity: {verdict:#}"
+    );
+    receiver.wait_for(1, Duration::from_secs(10), |_| true);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        stages(&receiver),
+        vec!["computing".to_string()],
+        "one warning alert, no 'looks hung': {:#?}",
+        receiver.requests()
+    );
+    let alert = &receiver.requests()[0]["body"];
+    assert!(
+        alert["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("not ending it")),
+        "{alert:#}"
+    );
+}
+
+#[test]
+fn every_rank_evaluating_in_silence_for_150s_is_not_ended() {
+    runs_to_the_end("eval", "all 4 ranks compute in evaluate (silent_job.py)");
+}
+
+#[test]
+fn rank_0_preparing_data_while_its_peers_wait_is_not_ended() {
+    runs_to_the_end(
+        "prepare",
+        "rank 0 computes in prepare_index (silent_job.py) while 3 ranks wait in all_reduce",
+    );
+}
+
+#[test]
+fn ranks_that_spin_forever_are_still_ended_at_max_stall() {
+    let torch = require!(torch_python());
+    let mut run = HangwatchRun::start(
+        &[
+            "--nproc",
+            "4",
+            "--quiet",
+            "--min-stall",
+            "6s",
+            "--max-stall",
+            "30s",
+        ],
+        &silent_job(torch, "spin", "0"),
+    );
+    let done = run.finish(Duration::from_secs(100));
+    done.assert_code(75);
+    assert!(
+        done.stderr.contains(NOT_ENDING),
+        "held back first: {}",
+        done.describe()
+    );
+    assert!(
+        done.stderr.contains("(--max-stall) although the ranks compute"),
+        "{}",
+        done.describe()
+    );
+    let stalled_for = done.json["stalled_for_s"].as_f64().unwrap_or_default();
+    assert!(
+        (30.0..60.0).contains(&stalled_for),
+        "ended at --max-stall, not at the 6 s threshold: {stalled_for} s\n{}",
+        done.describe()
+    );
+    assert!(
+        done.json["activity"]["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("spin_forever")),
+        "{}",
+        done.describe()
+    );
+}
+
+#[test]
+fn a_busy_rank_under_a_fixed_stall_after_is_ended_at_it() {
+    let torch = require!(torch_python());
+    let mut run = HangwatchRun::start(
+        &["--nproc", "4", "--quiet", "--stall-after", "8s"],
+        &silent_job(torch, "prepare", "120"),
+    );
+    let done = run.finish(Duration::from_secs(90));
+    done.assert_code(75);
+    assert_eq!(done.json["kind"], "busy", "{}", done.describe());
+    done.culprit(0);
+    assert!(
+        !done.stderr.contains(NOT_ENDING),
+        "--stall-after is the user's word: no hold: {}",
+        done.describe()
+    );
+    assert!(
+        done.took < Duration::from_secs(60),
+        "ended at the fixed threshold: {}",
+        done.describe()
+    );
+}

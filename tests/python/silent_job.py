@@ -1,0 +1,91 @@
+"""A real torch job (gloo, CPU) with a silent phase, for the tests of what hangwatch must not take for a hang
+(docs/false-alarms.md). Run under `hangwatch run --nproc N`, which gives it RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.
+
+Each rank trains: a line per step and an all_reduce per step. Then, by --mode:
+  eval      every rank evaluates for --silence seconds without printing (a validation loop with no logging:
+            forward passes under torch.no_grad()), then trains on and exits 0;
+  prepare   rank 0 alone computes for --silence seconds (building an index) while its peers wait in an all_reduce,
+            then all train on and exit 0;
+  spin      every rank spins forever at the same place (a loop that never ends), printing nothing.
+"""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def train(model, opt, steps, rank, first_step):
+    for step in range(first_step, first_step + steps):
+        x = torch.randn(64, 32)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
+        time.sleep(0.2)
+    return first_step + steps
+
+
+def evaluate(model, seconds):
+    """A validation pass that logs nothing: forward passes until the time is up."""
+    model.eval()
+    end = time.monotonic() + seconds
+    batches = 0
+    with torch.no_grad():
+        while time.monotonic() < end:
+            model(torch.randn(256, 32)).sum()
+            batches += 1
+    model.train()
+    return batches
+
+
+def prepare_index(seconds):
+    """Rank 0 builds something its peers need (an index, a tokenizer cache): pure computation."""
+    end = time.monotonic() + seconds
+    table = torch.randn(512, 512)
+    while time.monotonic() < end:
+        table = torch.tanh(table @ table.T / 512.0)
+    return table
+
+
+def spin_forever():
+    x = 0
+    while True:
+        x = (x * 1103515245 + 12345) % 2147483648
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=["eval", "prepare", "spin"], required=True)
+    parser.add_argument("--silence", type=float, default=150.0)
+    parser.add_argument("--steps", type=int, default=12)
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    step = train(model, opt, args.steps, rank, 0)
+
+    if args.mode == "eval":
+        evaluate(model, args.silence)
+    elif args.mode == "prepare":
+        if rank == 0:
+            prepare_index(args.silence)
+        dist.all_reduce(torch.zeros(1))
+    else:
+        spin_forever()
+
+    train(model, opt, 3, rank, step)
+    print(f"rank {rank} done (pid {os.getpid()})", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
