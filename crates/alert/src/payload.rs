@@ -267,6 +267,22 @@ mod tests {
     }
 
     #[test]
+    fn a_job_that_computes_is_a_warning_that_says_it_is_not_ended() {
+        let alert = Alert::new(Stage::Computing, &verdict(), 0.0);
+        assert!(
+            alert.one_line().contains("hangwatch is not ending it"),
+            "{}",
+            alert.one_line()
+        );
+        let labels = &alertmanager_alerts(&alert)[0].labels;
+        assert_eq!(labels["stage"], "computing");
+        assert_eq!(
+            labels["severity"], "warning",
+            "nobody is paged for a healthy job"
+        );
+    }
+
+    #[test]
     fn alertmanager_labels_name_job_node_and_kind() {
         let mut alert = Alert::new(Stage::Acted, &verdict(), 1_764_600_000.5);
         alert.job = Some("4242".into());

@@ -132,7 +132,8 @@ fn ranks_that_spin_forever_are_still_ended_at_max_stall() {
         done.describe()
     );
     assert!(
-        done.stderr.contains("(--max-stall) although the ranks compute"),
+        done.stderr
+            .contains("(--max-stall) although the ranks compute"),
         "{}",
         done.describe()
     );
