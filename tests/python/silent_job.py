@@ -6,7 +6,9 @@ Each rank trains: a line per step and an all_reduce per step. Then, by --mode:
             forward passes under torch.no_grad()), then trains on and exits 0;
   prepare   rank 0 alone computes for --silence seconds (building an index) while its peers wait in an all_reduce,
             then all train on and exit 0;
-  spin      every rank spins forever at the same place (a loop that never ends), printing nothing.
+  spin      every rank spins forever at the same place (a loop that never ends), printing nothing;
+  stop      every rank evaluates for --silence seconds, then rank 0 sleeps forever (a deadlock of its own) while its
+            peers wait for it in all_reduce: the work stopped, and so must the job.
 """
 
 import argparse
@@ -61,7 +63,7 @@ def spin_forever():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["eval", "prepare", "spin"], required=True)
+    parser.add_argument("--mode", choices=["eval", "prepare", "spin", "stop"], required=True)
     parser.add_argument("--silence", type=float, default=150.0)
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
@@ -78,6 +80,12 @@ def main():
     elif args.mode == "prepare":
         if rank == 0:
             prepare_index(args.silence)
+        dist.all_reduce(torch.zeros(1))
+    elif args.mode == "stop":
+        evaluate(model, args.silence)
+        if rank == 0:
+            while True:
+                time.sleep(3600)
         dist.all_reduce(torch.zeros(1))
     else:
         spin_forever()

@@ -38,6 +38,8 @@ pub enum Trigger {
     Ordered,
     /// Past the hard threshold, the ranks were seen computing: look again, act if the work stopped.
     Recheck,
+    /// A recheck saw the work stop: one more look confirms it before acting (its evidence is kept).
+    ConfirmStop,
     /// Past `--max-stall` while the ranks compute: look one last time for the evidence, then act.
     MaxStall,
 }
@@ -53,6 +55,7 @@ impl Trigger {
             Trigger::FsStall => "a rank stuck on its filesystem".into(),
             Trigger::Ordered => "the coordinator's order".into(),
             Trigger::Recheck => "still no progress while the ranks compute".into(),
+            Trigger::ConfirmStop => "the ranks stopped computing".into(),
             Trigger::MaxStall => "--max-stall".into(),
         }
     }
@@ -436,6 +439,9 @@ impl Policy {
                 }
                 match self.hold.tick(self.stalled_for, now) {
                     Some(HoldCheck::Recheck) => actions.push(self.start_rollcall(Trigger::Recheck)),
+                    Some(HoldCheck::Confirm) => {
+                        actions.push(self.start_rollcall(Trigger::ConfirmStop))
+                    }
                     Some(HoldCheck::MaxStall) => {
                         actions.push(self.start_rollcall(Trigger::MaxStall))
                     }
@@ -538,6 +544,7 @@ impl Policy {
                     Trigger::RankFailed => Look::RankFailed,
                     Trigger::Hard => Look::Hard,
                     Trigger::Recheck => Look::Recheck,
+                    Trigger::ConfirmStop => Look::Confirm,
                     Trigger::MaxStall => Look::MaxStall,
                     Trigger::Soft | Trigger::FsStall => Look::BelowHard {
                         conclusive,
@@ -745,8 +752,16 @@ mod tests {
             p.handle(stalled(Stall::Hard, 150.0), s(331.0)),
             vec![Action::RollCall(Trigger::Recheck)]
         );
+        assert!(
+            p.handle(done(Trigger::Recheck, false), s(332.0)).is_empty(),
+            "the stop is confirmed by one more look"
+        );
         assert_eq!(
-            p.handle(done(Trigger::Recheck, false), s(332.0)),
+            p.handle(stalled(Stall::Hard, 156.0), s(337.0)),
+            vec![Action::RollCall(Trigger::ConfirmStop)]
+        );
+        assert_eq!(
+            p.handle(done(Trigger::ConfirmStop, false), s(338.0)),
             vec![
                 Action::Say(Notice::WorkStopped),
                 Action::Say(Notice::EndingJob { grace: s(10.0) }),

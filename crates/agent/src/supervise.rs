@@ -1702,8 +1702,9 @@ impl InvestigationJob {
                 expected_nodes: Vec::new(),
             },
         );
-        if self.trigger == Trigger::Recheck && verdict.activity.is_some() {
-            // Still computing: the evidence of the first look stands; nothing new to keep or say.
+        if self.trigger == Trigger::Recheck {
+            // A hold's periodic look: the evidence of the first look stands; a look that sees the work stopped
+            // is confirmed by another (ConfirmStop), whose evidence is kept.
             return Investigation {
                 trigger: self.trigger,
                 verdict,

@@ -1,8 +1,8 @@
 //! System tests of what hangwatch must not take for a hang (docs/false-alarms.md), with real torch ranks (gloo, CPU)
 //! under `hangwatch run --nproc 4` at the defaults: every rank evaluating in silence for 150 s, rank 0 alone
 //! preparing data for 150 s while its peers wait in all_reduce. Both must run to exit 0, with the "not ending it"
-//! notice and its warning alert once. A loop that never ends is still ended, at `--max-stall`; a busy rank under
-//! a fixed `--stall-after` is ended at it, as before.
+//! notice and its warning alert once. Work that stops ends the hold; a loop that never ends is still ended, at
+//! `--max-stall`; a busy rank under a fixed `--stall-after` is ended at it, as before.
 
 mod common;
 
@@ -148,6 +148,39 @@ fn ranks_that_spin_forever_are_still_ended_at_max_stall() {
             .as_str()
             .is_some_and(|s| s.contains("spin_forever")),
         "{}",
+        done.describe()
+    );
+}
+
+#[test]
+fn ranks_that_stop_computing_are_ended_once_the_stop_is_confirmed() {
+    let torch = require!(torch_python());
+    let mut run = HangwatchRun::start(
+        &["--nproc", "4", "--quiet", "--min-stall", "6s"],
+        &silent_job(torch, "stop", "20"),
+    );
+    let done = run.finish(Duration::from_secs(120));
+    done.assert_code(75);
+    assert!(
+        done.stderr.contains(NOT_ENDING),
+        "held back while they computed: {}",
+        done.describe()
+    );
+    assert!(
+        done.stderr
+            .contains("the ranks stopped computing and there is still no progress"),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        done.json["activity"].is_null(),
+        "the kept verdict is the one after the work stopped: {}",
+        done.describe()
+    );
+    let stalled_for = done.json["stalled_for_s"].as_f64().unwrap_or_default();
+    assert!(
+        stalled_for >= 20.0,
+        "not ended while they computed: {stalled_for} s\n{}",
         done.describe()
     );
 }

@@ -40,6 +40,8 @@ pub enum JobTrigger {
     FsStall,
     /// Past the hard threshold the ranks were seen computing: look again, act if the work stopped.
     Recheck,
+    /// A recheck saw the work stop: one more look confirms it before acting (its evidence is kept).
+    ConfirmStop,
     /// Past `--max-stall` while the ranks compute: look one last time, then act.
     MaxStall,
 }
@@ -53,6 +55,7 @@ impl JobTrigger {
             JobTrigger::NodeUnreachable => "a node stopped answering",
             JobTrigger::FsStall => "a rank stuck on its filesystem",
             JobTrigger::Recheck => "still no progress while the ranks compute",
+            JobTrigger::ConfirmStop => "the ranks stopped computing",
             JobTrigger::MaxStall => "--max-stall",
         }
     }
@@ -245,6 +248,7 @@ impl JobPolicy {
             }
             _ => match self.hold.tick(self.stalled_for, now) {
                 Some(HoldCheck::Recheck) => actions.push(self.start(JobTrigger::Recheck)),
+                Some(HoldCheck::Confirm) => actions.push(self.start(JobTrigger::ConfirmStop)),
                 Some(HoldCheck::MaxStall) => actions.push(self.start(JobTrigger::MaxStall)),
                 None => {}
             },
@@ -271,6 +275,7 @@ impl JobPolicy {
         let look = match trigger {
             JobTrigger::Hard => Look::Hard,
             JobTrigger::Recheck => Look::Recheck,
+            JobTrigger::ConfirmStop => Look::Confirm,
             JobTrigger::MaxStall => Look::MaxStall,
             JobTrigger::Soft | JobTrigger::FsStall => Look::BelowHard {
                 conclusive,
@@ -314,6 +319,86 @@ mod tests {
     }
 
     const T: Duration = Duration::ZERO;
+
+    fn stalled(stall: StallTier, secs: u64) -> JobInput {
+        JobInput::Tick(JobView {
+            stall,
+            stalled_for: Duration::from_secs(secs),
+            ..JobView::default()
+        })
+    }
+
+    fn looked(trigger: JobTrigger, active: bool) -> JobInput {
+        JobInput::RollCallDone {
+            trigger,
+            conclusive: false,
+            active,
+        }
+    }
+
+    #[test]
+    fn a_job_whose_ranks_compute_is_held_until_the_work_stops() {
+        let secs = Duration::from_secs;
+        let mut p = JobPolicy::new(OnHang::Abort, ActivityRule::until(secs(600)));
+        assert_eq!(
+            p.handle(stalled(StallTier::Hard, 120), secs(120)),
+            vec![JobAction::RollCall(JobTrigger::Hard)]
+        );
+        assert_eq!(
+            p.handle(looked(JobTrigger::Hard, true), secs(121)),
+            vec![JobAction::Announce(JobNotice::Computing)],
+            "not ended; said once"
+        );
+        assert!(p.computing_without_progress());
+        assert!(p
+            .handle(stalled(StallTier::Hard, 130), secs(130))
+            .is_empty());
+        assert_eq!(
+            p.handle(stalled(StallTier::Hard, 152), secs(152)),
+            vec![JobAction::RollCall(JobTrigger::Recheck)]
+        );
+        assert!(p
+            .handle(looked(JobTrigger::Recheck, true), secs(153))
+            .is_empty());
+        assert_eq!(
+            p.handle(stalled(StallTier::Hard, 184), secs(184)),
+            vec![JobAction::RollCall(JobTrigger::Recheck)]
+        );
+        assert!(p
+            .handle(looked(JobTrigger::Recheck, false), secs(185))
+            .is_empty());
+        assert_eq!(
+            p.handle(stalled(StallTier::Hard, 190), secs(190)),
+            vec![JobAction::RollCall(JobTrigger::ConfirmStop)]
+        );
+        assert_eq!(
+            p.handle(looked(JobTrigger::ConfirmStop, false), secs(191)),
+            vec![
+                JobAction::Announce(JobNotice::WorkStopped),
+                JobAction::Terminate
+            ]
+        );
+        assert!(p.terminating());
+    }
+
+    #[test]
+    fn a_job_whose_ranks_compute_forever_is_ended_at_max_stall() {
+        let secs = Duration::from_secs;
+        let mut p = JobPolicy::new(OnHang::Abort, ActivityRule::until(secs(600)));
+        p.handle(stalled(StallTier::Hard, 120), secs(120));
+        p.handle(looked(JobTrigger::Hard, true), secs(121));
+        assert_eq!(
+            p.handle(stalled(StallTier::Hard, 600), secs(600)),
+            vec![JobAction::RollCall(JobTrigger::MaxStall)]
+        );
+        assert_eq!(
+            p.handle(looked(JobTrigger::MaxStall, true), secs(601)),
+            vec![
+                JobAction::Announce(JobNotice::MaxStallPassed),
+                JobAction::Terminate
+            ]
+        );
+    }
 
     #[test]
     fn a_soft_stall_looks_once_and_ends_the_job_on_conclusive_evidence() {

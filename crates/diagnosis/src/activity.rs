@@ -161,6 +161,8 @@ pub enum Look {
     Hard,
     /// A hold's recheck.
     Recheck,
+    /// The look that confirms a recheck's "no work" ([`HoldCheck::Confirm`]).
+    Confirm,
     /// `--max-stall` passed during a hold.
     MaxStall,
     /// Below the hard tier (the soft threshold, the fast path): acted on when conclusive, or when the hard tier
@@ -196,8 +198,10 @@ pub struct AfterLook {
 /// What a holding policy does at a tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HoldCheck {
-    /// Look again: act if the work stopped.
+    /// Look again: act if the work stopped (after confirming it).
     Recheck,
+    /// The last recheck saw no work: look once more before acting (this look's evidence is the one kept).
+    Confirm,
     /// `--max-stall` passed: look one last time for the evidence, then act whatever it shows.
     MaxStall,
 }
@@ -212,7 +216,14 @@ pub struct ActivityHold {
     /// The activity was announced in this stall.
     announced: bool,
     max_stall_taken: bool,
+    /// During a hold, the last look saw no work: one more look after `CONFIRM` before acting.
+    stopped_once: bool,
 }
+
+/// How long after a hold's look that saw no work the stop is confirmed: work that ends leads into progress within
+/// moments (rank 0 done preparing enters the all_reduce its peers wait in, then they all step), and a look that
+/// falls in between must not end the job.
+const CONFIRM: Duration = Duration::from_secs(5);
 
 impl ActivityHold {
     pub fn new(rule: ActivityRule) -> Self {
@@ -221,6 +232,7 @@ impl ActivityHold {
             next_check: None,
             announced: false,
             max_stall_taken: false,
+            stopped_once: false,
         }
     }
 
@@ -243,6 +255,7 @@ impl ActivityHold {
         self.next_check = None;
         self.announced = false;
         self.max_stall_taken = false;
+        self.stopped_once = false;
     }
 
     /// A roll call finished that would act at the hard tier (or any roll call, for the announcement): `active` is
@@ -252,10 +265,16 @@ impl ActivityHold {
             .rule
             .max_stall
             .is_some_and(|max| stalled_for < max && !self.max_stall_taken);
+        if !active && allowed && self.holding() && !self.stopped_once {
+            self.stopped_once = true;
+            self.next_check = Some(now + CONFIRM);
+            return HoldDecision::Hold { announce: false };
+        }
         if !(active && allowed) {
             self.next_check = None;
             return HoldDecision::Act;
         }
+        self.stopped_once = false;
         self.next_check = Some(now + self.rule.recheck);
         HoldDecision::Hold {
             announce: self.announce(),
@@ -284,7 +303,7 @@ impl ActivityHold {
             }
             Look::Never => false,
             Look::BelowHard { hard_pending, .. } => hard_pending,
-            Look::Hard | Look::Recheck | Look::MaxStall => true,
+            Look::Hard | Look::Recheck | Look::Confirm | Look::MaxStall => true,
         };
         if !by_tier {
             let say = (active && self.rule.max_stall.is_some() && self.seen())
@@ -299,7 +318,7 @@ impl ActivityHold {
             HoldDecision::Act => AfterLook {
                 act: true,
                 say: match look {
-                    Look::Recheck => Some(HoldNotice::WorkStopped),
+                    Look::Recheck | Look::Confirm => Some(HoldNotice::WorkStopped),
                     Look::MaxStall => Some(HoldNotice::MaxStallPassed),
                     _ => None,
                 },
@@ -330,7 +349,11 @@ impl ActivityHold {
         if now >= next {
             // The next look is planned when its result comes back (`decide`).
             self.next_check = Some(Duration::MAX);
-            return Some(HoldCheck::Recheck);
+            return Some(if self.stopped_once {
+                HoldCheck::Confirm
+            } else {
+                HoldCheck::Recheck
+            });
         }
         None
     }
@@ -457,7 +480,34 @@ mod tests {
             hold.decide(true, s(120), s(120)),
             HoldDecision::Hold { .. }
         ));
-        assert_eq!(hold.decide(false, s(150), s(150)), HoldDecision::Act);
+        assert_eq!(
+            hold.decide(false, s(150), s(150)),
+            HoldDecision::Hold { announce: false },
+            "a look between the end of the work and the next step must not end the job"
+        );
+        assert_eq!(hold.tick(s(152), s(152)), None);
+        assert_eq!(
+            hold.tick(s(155), s(155)),
+            Some(HoldCheck::Confirm),
+            "confirmed 5 s later"
+        );
+        assert_eq!(hold.decide(false, s(155), s(155)), HoldDecision::Act);
+    }
+
+    #[test]
+    fn work_seen_again_after_a_quiet_look_holds_on() {
+        let mut hold = ActivityHold::new(ActivityRule::until(s(600)));
+        hold.decide(true, s(120), s(120));
+        hold.decide(false, s(150), s(150));
+        assert_eq!(
+            hold.decide(true, s(155), s(155)),
+            HoldDecision::Hold { announce: false }
+        );
+        assert_eq!(
+            hold.decide(false, s(185), s(185)),
+            HoldDecision::Hold { announce: false },
+            "a new quiet look is confirmed again"
+        );
     }
 
     #[test]
@@ -485,6 +535,14 @@ mod tests {
         );
         assert_eq!(
             hold.after_look(Look::Recheck, false, s(150), s(150)),
+            AfterLook {
+                act: false,
+                say: None
+            },
+            "confirmed first"
+        );
+        assert_eq!(
+            hold.after_look(Look::Confirm, false, s(155), s(155)),
             AfterLook {
                 act: true,
                 say: Some(HoldNotice::WorkStopped)

@@ -529,6 +529,8 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         nodes_not_seen,
         recurrence: None,
         activity,
+        scope: None,
+        scope_evidence: Vec::new(),
     }
 }
 

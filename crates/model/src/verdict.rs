@@ -106,6 +106,37 @@ pub struct Verdict {
     /// until `--max-stall`. Absent when the roll call saw no such work.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activity: Option<Activity>,
+    /// What the fault belongs to, and so what may be acted on (SPEC.md: a filesystem-scoped verdict excludes and
+    /// drains no node whose ranks could be ended). `None`: the program (`job`), or not decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+    /// Why the scope is what it is, in words, one fact a line ("/gpfs does not answer from n2, n3, where no
+    /// rank is stuck"; "one node alone, no fleet history: cannot tell the node from the storage").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scope_evidence: Vec<String>,
+}
+
+/// What a fault belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// A storage incident: a mount that does not answer from nodes with no stuck rank, or that blocks ranks on
+    /// several nodes or jobs. Wait for the storage; burn no node.
+    Filesystem,
+    /// This node: stopped, unreachable, or a mount only it has that does not answer.
+    Node,
+    /// The program (a deadlock, a busy rank, a rank that died).
+    Job,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Filesystem => "filesystem",
+            Scope::Node => "node",
+            Scope::Job => "job",
+        }
+    }
 }
 
 /// Work seen in a job that reports no progress: ranks (or their workers) whose CPU time advances, outside any wait.
@@ -149,6 +180,8 @@ impl Verdict {
             nodes_not_seen,
             recurrence,
             activity,
+            scope,
+            scope_evidence,
         } = self;
         Verdict {
             version: *version,
@@ -167,6 +200,8 @@ impl Verdict {
             nodes_not_seen: nodes_not_seen.clone(),
             recurrence: recurrence.clone(),
             activity: activity.clone(),
+            scope: *scope,
+            scope_evidence: scope_evidence.clone(),
         }
     }
 
@@ -189,6 +224,8 @@ impl Verdict {
             nodes_not_seen: Vec::new(),
             recurrence: None,
             activity: None,
+            scope: None,
+            scope_evidence: Vec::new(),
         }
     }
 }
