@@ -3,12 +3,14 @@
 //! - [`position`]: where each rank is (its most telling thread, the meaningful Python frame, its condition).
 //! - [`rollcall`]: from the observations of every node, grouping ranks by position, naming the outliers, and the
 //!   one verdict.
+//! - [`death`]: why a rank died (signal, OOM kill, core dump, exception), from the facts gathered at its death.
 //! - [`acting`]: when a verdict is strong enough to act on.
 //! - [`fs_stall`]: the fast path for a rank stuck on a filesystem (or stopped) while the job stalls.
 //! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
 //! - [`requeue`]: after a hung attempt under `--action requeue`: nodes to keep out, the restart budget.
 
 pub mod acting;
+pub mod death;
 pub mod detector;
 pub mod fs_stall;
 pub mod position;
