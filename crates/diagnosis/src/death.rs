@@ -220,13 +220,14 @@ pub fn human_bytes(bytes: u64) -> String {
 /// the last `Traceback (most recent call last):`; without a traceback, the last line that reads like one whose
 /// name ends in `Error` or `Exception`.
 pub fn exception_line(lines: &[String]) -> Option<String> {
+    let lines: Vec<&str> = lines.iter().map(|l| without_rank_prefix(l)).collect();
     let start = lines.iter().rposition(|l| {
         l.trim_start()
             .starts_with("Traceback (most recent call last):")
     });
     let candidates = match start {
         Some(i) => &lines[i + 1..],
-        None => lines,
+        None => &lines[..],
     };
     candidates
         .iter()
@@ -237,6 +238,14 @@ pub fn exception_line(lines: &[String]) -> Option<String> {
             None => looks_like_exception(l, true),
         })
         .map(str::to_string)
+}
+
+/// A line without the `[rank0]: ` that torch.distributed puts before each line of an error it reports.
+fn without_rank_prefix(line: &str) -> &str {
+    line.strip_prefix("[rank")
+        .and_then(|rest| rest.split_once("]: "))
+        .filter(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        .map_or(line, |(_, text)| text)
 }
 
 /// `RuntimeError: boom`, `torch.OutOfMemoryError: CUDA out of memory`, `KeyboardInterrupt`.
@@ -502,6 +511,11 @@ mod tests {
             Some("KeyboardInterrupt")
         );
         assert_eq!(exception_line(&lines("loss: 0.5\nstep: 3")), None);
+        assert_eq!(
+            exception_line(&lines("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1\n[rank0]: RuntimeError: Connection closed by peer")).as_deref(),
+            Some("RuntimeError: Connection closed by peer"),
+            "torch's rank prefix"
+        );
         assert_eq!(
             exception_line(&lines("ERROR:root:bad\nRuntimeError: no traceback printed")).as_deref(),
             Some("RuntimeError: no traceback printed")
