@@ -67,6 +67,44 @@ impl KernelLog {
         log
     }
 
+    /// The kernel's OOM kill of `pid`, if the log has it: its `Killed process` line (without the record's
+    /// prefix) and the memory cgroup whose limit was hit (from the `oom-kill:` summary before it).
+    pub fn oom_kill_of(&self, pid: u32) -> Option<(String, Option<String>)> {
+        let lines: Vec<String> = self
+            .lines
+            .lock()
+            .ok()?
+            .iter()
+            .filter(|l| l.contains("Killed process ") || l.contains("oom-kill:"))
+            .cloned()
+            .collect();
+        let report = hangwatch_kmsg::report_from_lines(
+            lines.iter().map(String::as_str),
+            &hangwatch_kmsg::ReportOptions::default(),
+        );
+        let kill = report.oom_kills.iter().find(|o| o.pid == pid)?;
+        let memcg = lines
+            .iter()
+            .filter_map(|l| hangwatch_kmsg::parse_oom_constraint(l))
+            .find(|c| c.pid == pid)
+            .and_then(|c| c.oom_memcg.or(c.task_memcg));
+        let line = lines
+            .iter()
+            .find(|l| l.contains(&format!("Killed process {pid} ")))
+            .map(|l| {
+                // `6,1234,5678,-;Memory cgroup out of memory: Killed process 4242 (python) total-vm:...`: the
+                // text up to the command's name.
+                let text = l.split_once(';').map_or(l.as_str(), |(_, text)| text);
+                let end = text
+                    .find(&format!("Killed process {pid} ("))
+                    .and_then(|at| text[at..].find(')').map(|close| at + close + 1))
+                    .unwrap_or(text.len());
+                text[..end].to_string()
+            })
+            .unwrap_or_else(|| format!("Killed process {pid} ({})", kill.comm));
+        Some((line, memcg))
+    }
+
     /// The lines so far, raw /dev/kmsg records.
     pub fn text(&self) -> String {
         self.lines

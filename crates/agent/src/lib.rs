@@ -2,6 +2,7 @@
 //! detects the stall, takes the roll call, keeps the evidence, alerts and ends the job.
 
 pub mod beats;
+pub mod death;
 pub mod evidence;
 pub mod heartbeat;
 pub mod history;

@@ -37,6 +37,8 @@ pub trait LineSink: Send + Sync {
 #[derive(Debug, Default)]
 pub struct Tails {
     per_rank: Mutex<std::collections::BTreeMap<String, VecDeque<String>>>,
+    /// Streams of each rank not yet at EOF: a dead rank's last lines are all in once its count is zero.
+    open: Mutex<std::collections::BTreeMap<String, usize>>,
     keep: usize,
 }
 
@@ -44,7 +46,46 @@ impl Tails {
     pub fn new(keep: usize) -> Self {
         Self {
             per_rank: Mutex::default(),
+            open: Mutex::default(),
             keep,
+        }
+    }
+
+    /// The label a rank's lines are kept under (`rank-3`; `job` for output of no known rank).
+    pub fn label(rank: Option<u32>) -> String {
+        rank.map(|r| format!("rank-{r}"))
+            .unwrap_or_else(|| "job".into())
+    }
+
+    /// A copy of one rank's tail.
+    pub fn lines_of(&self, label: &str) -> Vec<String> {
+        self.per_rank
+            .lock()
+            .map(|m| m.get(label).map(|t| t.iter().cloned().collect()))
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// Whether a stream of this rank is still being read.
+    pub fn streams_open(&self, label: &str) -> bool {
+        self.open
+            .lock()
+            .map(|m| m.get(label).is_some_and(|n| *n > 0))
+            .unwrap_or(false)
+    }
+
+    fn stream_opened(&self, label: &str) {
+        if let Ok(mut m) = self.open.lock() {
+            *m.entry(label.to_string()).or_default() += 1;
+        }
+    }
+
+    fn stream_closed(&self, label: &str) {
+        if let Ok(mut m) = self.open.lock() {
+            if let Some(n) = m.get_mut(label) {
+                *n = n.saturating_sub(1);
+            }
         }
     }
 
@@ -149,11 +190,12 @@ pub fn drain<R: Read + Send + 'static>(
     );
     let open_streams = Arc::clone(&ctx.open_streams);
     open_streams.fetch_add(1, Ordering::SeqCst);
+    let label = Tails::label(rank);
+    ctx.tails.stream_opened(&label);
+    let tails = Arc::clone(&ctx.tails);
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
         let _closed = StreamClosed(Arc::clone(&ctx.open_streams));
-        let label = rank
-            .map(|r| format!("rank-{r}"))
-            .unwrap_or_else(|| "job".into());
+        let _closed_for_rank = RankStreamClosed(Arc::clone(&ctx.tails), label.clone());
         let mut reader = BufReader::with_capacity(64 * 1024, reader);
         let mut buf = Vec::with_capacity(256);
         let mut last_reported: Option<Instant> = None;
@@ -198,6 +240,7 @@ pub fn drain<R: Read + Send + 'static>(
     });
     if let Err(e) = spawned {
         open_streams.fetch_sub(1, Ordering::SeqCst);
+        tails.stream_closed(&Tails::label(rank));
         tracing::error!(error = %e, "cannot start a thread to drain a rank's output");
     }
 }
@@ -240,6 +283,15 @@ struct StreamClosed(Arc<AtomicU64>);
 impl Drop for StreamClosed {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Counts a rank's stream as closed in its [`Tails`] when its drain thread ends.
+struct RankStreamClosed(Arc<Tails>, String);
+
+impl Drop for RankStreamClosed {
+    fn drop(&mut self) {
+        self.0.stream_closed(&self.1);
     }
 }
 

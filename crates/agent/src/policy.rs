@@ -12,6 +12,7 @@
 //!   Signal ──► stuck?  yes ─► RollCall(Signal) ─► RollCallDone ─► Forward ─► (grace) ─► Terminate{kill} ─► Finish
 //!                      no  ─► Forward ─► job ends by itself ─► Finish(Interrupted)
 //!   second Signal ──► Terminate{kill now}
+//!   job gone by itself, a rank failed ──► RollCall(PostMortem) ─► RollCallDone ─► Finish(ByItself)
 //! ```
 
 use std::time::Duration;
@@ -42,6 +43,9 @@ pub enum Trigger {
     ConfirmStop,
     /// Past `--max-stall` while the ranks compute: look one last time for the evidence, then act.
     MaxStall,
+    /// The job ended by itself after a rank failed: the verdict says who died first and how; nothing is acted
+    /// on, the job's own exit code stands.
+    PostMortem,
 }
 
 impl Trigger {
@@ -57,6 +61,7 @@ impl Trigger {
             Trigger::Recheck => "still no progress while the ranks compute".into(),
             Trigger::ConfirmStop => "the ranks stopped computing".into(),
             Trigger::MaxStall => "--max-stall".into(),
+            Trigger::PostMortem => "a rank failed and the job ended".into(),
         }
     }
 }
@@ -129,7 +134,8 @@ pub enum Input {
     /// The supervision tick: the detector's state now and the job's.
     Tick {
         stall: Stall,
-        /// A rank failed this long ago while others still run (`--nproc` mode).
+        /// A rank failed this long ago (`--nproc` mode): while others still run, past `failed_rank_grace` that
+        /// is a hang; once the job is gone, its post-mortem is taken.
         failed_rank_for: Option<Duration>,
         /// Any process of the job still alive.
         job_alive: bool,
@@ -209,6 +215,8 @@ pub struct Policy {
     failed_done: bool,
     /// The fast path's roll call was taken since the job last made progress.
     fast_done: bool,
+    /// The job ended by itself after a rank failed: a post-mortem is taken once no roll call is in flight.
+    post_mortem_due: bool,
     /// The hard tier was reached while the soft roll call was still running: act on its result.
     hard_pending: bool,
     signals: u32,
@@ -238,6 +246,7 @@ impl Policy {
             hard_done: false,
             failed_done: false,
             fast_done: false,
+            post_mortem_due: false,
             hard_pending: false,
             signals: 0,
             ended_while_inspecting: None,
@@ -372,6 +381,15 @@ impl Policy {
             return Vec::new();
         }
         if !job_alive {
+            if failed_rank_for.is_some() && self.stage == Stage::Watching && !self.failed_done {
+                self.post_mortem_due = true;
+                if self.rollcall.is_none() {
+                    self.failed_done = true;
+                    self.ended_while_inspecting = Some(now);
+                    return vec![self.start_rollcall(Trigger::PostMortem)];
+                }
+            }
+            // A roll call still in flight is waited for (bounded); the post-mortem follows it.
             return self.job_gone(now);
         }
         match self.stage {
@@ -535,6 +553,12 @@ impl Policy {
             return self.finish(ending);
         }
         if self.ended_while_inspecting.is_some() {
+            if self.post_mortem_due && !self.failed_done {
+                // Ended (a rank failed) while another roll call ran: its verdict is about a live job.
+                self.failed_done = true;
+                self.ended_while_inspecting = Some(now);
+                return vec![self.start_rollcall(Trigger::PostMortem)];
+            }
             return self.job_gone(now);
         }
         match self.stage {
@@ -550,7 +574,7 @@ impl Policy {
                         conclusive,
                         hard_pending: self.hard_pending,
                     },
-                    Trigger::Signal(_) | Trigger::Ordered => Look::Never,
+                    Trigger::Signal(_) | Trigger::Ordered | Trigger::PostMortem => Look::Never,
                 };
                 self.hard_pending = false;
                 let AfterLook { act, say } =
@@ -613,6 +637,121 @@ mod tests {
         fs_stuck: false,
         stalled_for: Duration::ZERO,
     };
+
+    /// The job is gone; a rank failed `ago` before.
+    fn gone_after_failure(ago: f64) -> Input {
+        Input::Tick {
+            stall: Stall::Healthy,
+            failed_rank_for: Some(s(ago)),
+            job_alive: false,
+            only_stuck_left: false,
+            fs_stuck: false,
+            stalled_for: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn a_job_that_ended_because_a_rank_failed_gets_a_post_mortem_then_its_own_code() {
+        let mut p = policy(OnHang::Abort);
+        assert!(p.handle(tick(Stall::Healthy), s(1.0)).is_empty());
+        assert_eq!(
+            p.handle(gone_after_failure(0.1), s(2.0)),
+            vec![Action::RollCall(Trigger::PostMortem)]
+        );
+        assert!(
+            p.handle(gone_after_failure(0.2), s(2.1)).is_empty(),
+            "waits"
+        );
+        assert_eq!(
+            p.handle(
+                Input::RollCallDone {
+                    trigger: Trigger::PostMortem,
+                    conclusive: true,
+                    active: false,
+                },
+                s(2.5)
+            ),
+            vec![Action::Finish(Ending::ByItself)],
+            "nothing is acted on: the job is over"
+        );
+    }
+
+    #[test]
+    fn a_post_mortem_that_does_not_finish_is_not_waited_for_long() {
+        let mut p = policy(OnHang::Observe);
+        assert_eq!(
+            p.handle(gone_after_failure(0.1), s(2.0)),
+            vec![Action::RollCall(Trigger::PostMortem)]
+        );
+        assert!(p.handle(gone_after_failure(1.0), s(3.0)).is_empty());
+        assert_eq!(
+            p.handle(gone_after_failure(6.0), s(8.0)),
+            vec![Action::Finish(Ending::ByItself)]
+        );
+    }
+
+    #[test]
+    fn a_job_that_fails_during_a_roll_call_gets_its_post_mortem_after_it() {
+        let mut p = policy(OnHang::Observe);
+        assert_eq!(
+            p.handle(tick(Stall::Soft), s(1.0)),
+            vec![Action::RollCall(Trigger::Soft)]
+        );
+        assert!(p.handle(gone_after_failure(0.1), s(2.0)).is_empty());
+        assert_eq!(
+            p.handle(
+                Input::RollCallDone {
+                    trigger: Trigger::Soft,
+                    conclusive: false,
+                    active: false,
+                },
+                s(3.0)
+            ),
+            vec![Action::RollCall(Trigger::PostMortem)]
+        );
+        assert_eq!(
+            p.handle(
+                Input::RollCallDone {
+                    trigger: Trigger::PostMortem,
+                    conclusive: false,
+                    active: false,
+                },
+                s(3.5)
+            ),
+            vec![Action::Finish(Ending::ByItself)]
+        );
+    }
+
+    #[test]
+    fn a_failed_rank_already_judged_while_its_peers_waited_gets_no_second_verdict() {
+        let mut p = policy(OnHang::Observe);
+        let waiting = Input::Tick {
+            stall: Stall::Healthy,
+            failed_rank_for: Some(s(31.0)),
+            job_alive: true,
+            only_stuck_left: false,
+            fs_stuck: false,
+            stalled_for: Duration::ZERO,
+        };
+        assert_eq!(
+            p.handle(waiting, s(31.0)),
+            vec![Action::RollCall(Trigger::RankFailed)]
+        );
+        assert!(p
+            .handle(
+                Input::RollCallDone {
+                    trigger: Trigger::RankFailed,
+                    conclusive: true,
+                    active: false,
+                },
+                s(32.0)
+            )
+            .is_empty());
+        assert_eq!(
+            p.handle(gone_after_failure(40.0), s(40.0)),
+            vec![Action::Finish(Ending::ByItself)]
+        );
+    }
 
     #[test]
     fn a_healthy_job_that_ends_finishes_with_its_own_code() {

@@ -161,6 +161,9 @@ pub fn verdict_text(v: &Verdict) -> String {
         if let Some(tracer) = c.tracer_pid {
             let _ = writeln!(s, "  traced by pid {tracer}");
         }
+        if let Some(death) = &c.death {
+            death_text(&mut s, death);
+        }
     }
     if !v.groups.is_empty() {
         let _ = writeln!(s);
@@ -261,6 +264,40 @@ pub fn verdict_text(v: &Verdict) -> String {
         }
     }
     s
+}
+
+/// How many of a dead rank's last lines the human text shows (the verdict JSON keeps more).
+const DEATH_LINES: usize = 10;
+
+/// A dead culprit's memory cgroup, OOM evidence, core and last lines (its cause is its reason, said above).
+fn death_text(s: &mut String, d: &hangwatch_model::RankDeath) {
+    // A cgroup without a limit, of a rank that was not OOM-killed, is no part of the story.
+    let tells = d.oom_killed == Some(true) || d.memory_limit.is_some();
+    if let Some(cgroup) = d.memory_cgroup.as_ref().filter(|_| tells) {
+        let _ = writeln!(
+            s,
+            "  memory cgroup: {cgroup}{}, limit {}{}",
+            d.cgroup_version
+                .map(|v| format!(" (v{v})"))
+                .unwrap_or_default(),
+            d.memory_limit.as_deref().unwrap_or("none of its own"),
+            d.cgroup_oom_kills
+                .map(|n| format!(", {n} OOM kill(s) counted"))
+                .unwrap_or_default()
+        );
+    }
+    for evidence in &d.oom_evidence {
+        let _ = writeln!(s, "  OOM: {evidence}");
+    }
+    if let Some(core) = &d.core_dump {
+        let _ = writeln!(s, "  core: {core}");
+    }
+    if let Some(tail) = d.output_tail.as_ref().filter(|t| !t.is_empty()) {
+        let _ = writeln!(s, "  last lines:");
+        for line in tail.iter().skip(tail.len().saturating_sub(DEATH_LINES)) {
+            let _ = writeln!(s, "    | {line}");
+        }
+    }
 }
 
 fn truncate(s: &str, max: usize) -> String {

@@ -52,6 +52,10 @@ const HISTORY_DEADLINE: Duration = Duration::from_secs(3);
 /// are up by then.
 const PREPARE_STACKS_AFTER: Duration = Duration::from_secs(3);
 
+/// How often the identities of the ranks hangwatch started are read again (a wrapper `exec`s the program, a rank
+/// moves itself into another cgroup): a dead rank's /proc entry is gone, so its death is explained from these.
+const IDENTITY_EVERY: Duration = Duration::from_secs(2);
+
 /// Everything the loop needs.
 pub struct RunConfig {
     pub launch: LaunchSpec,
@@ -167,6 +171,8 @@ struct JobProc {
     exited_at: Option<Instant>,
     /// Found below a launcher rather than started by hangwatch.
     discovered: bool,
+    /// Its memory cgroup, name, executable and directory, read while it lives: what explains its death.
+    identity: crate::death::RankIdentity,
 }
 
 impl JobProcess for JobProc {
@@ -288,6 +294,10 @@ struct Supervisor {
     ordered_verdict: Option<Verdict>,
     /// Progress over time, for the evidence's `progress.json`.
     timeline: crate::timeline::TimelineRecorder,
+    /// When the identities of the live ranks were last read (see [`IDENTITY_EVERY`]).
+    last_identity_look: Option<Instant>,
+    /// Where a dead rank's story is read from: the kernel log, its output, its memory cgroup, the core pattern.
+    witnesses: crate::death::Witnesses,
 }
 
 /// Runs the job to its end. Never returns while a rank it can still end is alive, and never waits on one it
@@ -383,6 +393,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
             exit: None,
             exited_at: None,
             discovered: false,
+            identity: crate::death::RankIdentity::read(&procfs, pid),
         });
     }
     drop(ctx);
@@ -403,6 +414,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         }
         None => None,
     };
+    let witnesses = crate::death::Witnesses::of_this_node(kernel_log.clone(), Arc::clone(&tails));
     let detector = Detector::new(config.detector.clone(), Duration::ZERO);
     let policy = Policy::new(PolicyConfig {
         on_hang: config.on_hang,
@@ -452,6 +464,8 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         ordered_observations: None,
         ordered_verdict: None,
         timeline: crate::timeline::TimelineRecorder::new(unix_time_of(start)),
+        last_identity_look: None,
+        witnesses,
     };
     sup.track_groups();
     let outcome = sup.run_loop(&rx);
@@ -815,6 +829,7 @@ impl Supervisor {
             if self.tree_mode {
                 self.discover_ranks();
             }
+            self.read_identities();
             self.reap_probes();
             self.sample_activity();
             self.sample_blocked();
@@ -825,7 +840,7 @@ impl Supervisor {
             StallState::Soft { .. } => Stall::Soft,
             StallState::Hard { .. } => Stall::Hard,
         };
-        let mut failed_rank_for = self.failed_rank_waiting();
+        let mut failed_rank_for = self.failed_rank_since();
         let mut fs_stuck = fast_path_due(
             self.fs_stall.longest(now),
             self.detector.stalled_for(now),
@@ -833,7 +848,8 @@ impl Supervisor {
         )
         .is_some();
         if let Some(link) = &self.link {
-            let failed = failed_rank_for.is_some_and(|f| f >= self.config.failed_rank_grace);
+            let failed =
+                job_alive && failed_rank_for.is_some_and(|f| f >= self.config.failed_rank_grace);
             let tier = match stall {
                 _ if failed => NodeStallTier::Hard,
                 Stall::Hard => NodeStallTier::Hard,
@@ -875,6 +891,7 @@ impl Supervisor {
                     say(self.notice_text(&notice));
                 }
                 Action::RollCall(Trigger::Ordered) => self.start_ordered_evidence(),
+                Action::RollCall(Trigger::PostMortem) => self.start_post_mortem(),
                 Action::RollCall(trigger) => self.start_investigation(trigger),
                 Action::Forward(signal) => self.forward(signal),
                 Action::Terminate { kill_now } => self.start_termination(kill_now),
@@ -1039,8 +1056,8 @@ impl Supervisor {
         }
     }
 
-    /// How long a rank has been gone with a failure while others are still running (`--nproc` mode).
-    fn failed_rank_waiting(&mut self) -> Option<Duration> {
+    /// How long ago the first rank failed (`--nproc` mode), whether or not others still run.
+    fn failed_rank_since(&self) -> Option<Duration> {
         if self.tree_mode {
             return None;
         }
@@ -1050,7 +1067,46 @@ impl Supervisor {
             .filter(|p| p.exit.as_ref().is_some_and(|s| !s.success()))
             .filter_map(|p| p.exited_at)
             .min()?;
-        (self.live() > 0).then(|| failed_at.elapsed())
+        Some(failed_at.elapsed())
+    }
+
+    /// Reads again, every [`IDENTITY_EVERY`], who each live rank hangwatch started is (cgroup, name,
+    /// executable, directory): cheap /proc reads that never touch a filesystem the rank uses.
+    fn read_identities(&mut self) {
+        if self
+            .last_identity_look
+            .is_some_and(|t| t.elapsed() < IDENTITY_EVERY)
+        {
+            return;
+        }
+        self.last_identity_look = Some(Instant::now());
+        for p in self.procs.iter_mut().filter(|p| !p.discovered) {
+            if p.exit.is_some() || p.exited_at.is_some() {
+                continue;
+            }
+            let identity = crate::death::RankIdentity::read(&self.procfs, p.pid);
+            // Read as the rank exits: keep what was known.
+            if identity.comm.is_some() {
+                p.identity = identity;
+            }
+        }
+    }
+
+    /// The ranks hangwatch started and reaped, for explaining their deaths.
+    fn dead_ranks(&self) -> Vec<crate::death::DeadRank> {
+        self.procs
+            .iter()
+            .filter(|p| !p.discovered)
+            .filter_map(|p| {
+                Some(crate::death::DeadRank {
+                    pid: p.pid,
+                    rank: p.rank,
+                    status: p.exit?,
+                    exited_at: p.exited_at?,
+                    identity: p.identity.clone(),
+                })
+            })
+            .collect()
     }
 
     fn rank_pids(&mut self) -> Vec<(i32, Option<u32>)> {
@@ -1188,6 +1244,7 @@ impl Supervisor {
                 exit: None,
                 exited_at: None,
                 discovered: true,
+                identity: crate::death::RankIdentity::default(),
             });
         }
         self.track_groups();
@@ -1492,7 +1549,19 @@ impl Supervisor {
             history_db: self.config.history_db.clone(),
             job_id: self.config.job_id.clone(),
             node: self.config.node.clone(),
+            dead: self.dead_ranks(),
+            witnesses: self.witnesses.clone(),
         }
+    }
+
+    /// The job ended by itself after a rank failed: a worker writes down who died first and how (waiting briefly
+    /// for the kernel log and the last lines), keeps it as evidence and makes it the run's verdict.
+    fn start_post_mortem(&mut self) {
+        say("hangwatch: the job ended after a rank failed: finding out how it died".to_string());
+        let job = self.investigation_job(Trigger::PostMortem);
+        self.spawn_investigation(Trigger::PostMortem, "hw-postmortem", move || {
+            job.post_mortem()
+        });
     }
 
     /// Starts the termination worker: TERM, grace, KILL (or KILL at once), then the unkillable are reported.
@@ -1689,12 +1758,16 @@ struct InvestigationJob {
     history_db: Option<PathBuf>,
     job_id: Option<String>,
     node: Option<String>,
+    /// The ranks hangwatch started that have exited, with how.
+    dead: Vec<crate::death::DeadRank>,
+    witnesses: crate::death::Witnesses,
 }
 
 impl InvestigationJob {
     /// Roll call, a verdict of this node alone, evidence, alert.
     fn run(self) -> Investigation {
-        let observations = self.observe();
+        let mut observations = self.observe();
+        self.explain_deaths(&mut observations);
         let verdict = decide(
             std::slice::from_ref(&observations),
             &DecideOptions {
@@ -1715,6 +1788,53 @@ impl InvestigationJob {
         // Ranks that compute are no hang: no "looks hung" alert (the policy says once that it holds back).
         let alert = verdict.activity.is_none();
         self.keep(verdict, &observations, alert)
+    }
+
+    /// The job is over: every rank exited (nothing is left to read in /proc). The verdict names the first to fail
+    /// and how it died; the kernel log and the output kept are those after its death settled.
+    fn post_mortem(mut self) -> Investigation {
+        let mut observations = NodeObservations::new(self.node.clone(), 0);
+        observations.observed_at_unix_s = Some(unix_now());
+        observations.ranks = self
+            .pids
+            .iter()
+            .map(|&pid| {
+                let known = self.known.get(&pid).cloned().unwrap_or_default();
+                ProcessObservation {
+                    pid,
+                    rank: known.rank,
+                    node: self.node.clone(),
+                    exited: true,
+                    exit_code: known.exit_code,
+                    exited_at_unix_s: known.exited_at_unix_s,
+                    ..Default::default()
+                }
+            })
+            .collect();
+        self.explain_deaths(&mut observations);
+        self.kernel_log = self.witnesses.kernel_log.text();
+        self.tails = self.witnesses.tails.snapshot();
+        if self.kernel_log_unavailable.is_none() {
+            observations.kernel_log = Some(hangwatch_kmsg::report_from_text(&self.kernel_log));
+        }
+        let verdict = decide(
+            std::slice::from_ref(&observations),
+            &DecideOptions {
+                stalled_for_s: None,
+                expected_nodes: Vec::new(),
+            },
+        );
+        say(crate::render::verdict_text(&verdict));
+        self.keep(verdict, &observations, false)
+    }
+
+    /// Says how each rank that hangwatch started and reaped died, on its observation.
+    fn explain_deaths(&self, observations: &mut NodeObservations) {
+        for dead in &self.dead {
+            if let Some(o) = observations.ranks.iter_mut().find(|o| o.pid == dead.pid) {
+                o.death = Some(self.witnesses.explain(dead));
+            }
+        }
     }
 
     /// This node's observations now: the rank processes, their threads, stacks and files, the filesystems they

@@ -277,9 +277,11 @@ fn job_that_ends_by_itself_passes_its_exit_code_through() {
     );
     let done = failing.finish(Duration::from_secs(30));
     done.assert_code(3);
-    assert_eq!(done.json["hang"], false, "{}", done.describe());
+    // Ended by itself because ranks failed: a post-mortem verdict says who failed first and how.
+    assert_eq!(done.json["kind"], "exited", "{}", done.describe());
     assert_eq!(done.json["exit_code"], 3);
-    assert!(!done.report_dir.join("verdict.json").exists());
+    assert_eq!(done.json["culprits"][0]["death"]["exit_code"], 3);
+    assert!(done.report_dir.join("verdict.json").exists());
 }
 
 /// A shell job for `--nproc` ranks where some ranks exit only after another has: `wait_exit FILE` waits until the

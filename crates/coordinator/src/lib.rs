@@ -374,6 +374,7 @@ fn departed_observations(m: &Member) -> NodeObservations {
             read_issues: Vec::new(),
             start_time: None,
             worker_of: None,
+            death: None,
         })
         .collect();
     o
@@ -643,6 +644,7 @@ mod tests {
             reason: None,
             worker: None,
             exit_code: None,
+            death: None,
         });
         let rows = |v: &Verdict| v.ranks.iter().filter_map(|r| r.rank).collect::<Vec<_>>();
         let n2 = verdict_for_node(&full, "n2");

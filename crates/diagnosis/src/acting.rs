@@ -88,6 +88,7 @@ mod tests {
             reason: None,
             worker: None,
             exit_code: None,
+            death: None,
         });
         assert!(is_conclusive(&d));
         assert!(
@@ -114,6 +115,7 @@ mod tests {
                 reason: None,
                 worker: None,
                 exit_code: code,
+                death: None,
             });
             v
         };

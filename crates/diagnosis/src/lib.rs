@@ -3,6 +3,7 @@
 //! - [`position`]: where each rank is (its most telling thread, the meaningful Python frame, its condition).
 //! - [`rollcall`]: from the observations of every node, grouping ranks by position, naming the outliers, and the
 //!   one verdict.
+//! - [`death`]: why a rank died (signal, OOM kill, core dump, exception), from the facts gathered at its death.
 //! - [`acting`]: when a verdict is strong enough to act on.
 //! - [`activity`]: whether a job without progress still works, and how long that holds the hard tier back.
 //! - [`fs_stall`]: the fast path for a rank stuck on a filesystem (or stopped) while the job stalls.
@@ -11,6 +12,7 @@
 
 pub mod acting;
 pub mod activity;
+pub mod death;
 pub mod detector;
 pub mod fs_stall;
 pub mod position;

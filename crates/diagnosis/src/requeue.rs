@@ -265,6 +265,7 @@ mod tests {
             reason: None,
             worker: None,
             exit_code: None,
+            death: None,
         });
         v
     }

@@ -300,10 +300,12 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         };
         culprit_idx.retain(|&i| entries[i].position.condition == keep);
         if keep == Condition::Exited {
-            // The first to exit is the cause; the others followed it.
+            // The first to fail is the cause; the others followed it. A rank that finished (code 0) failed at
+            // nothing, whenever it left.
             culprit_idx.sort_by(|&a, &b| {
                 let t = |i: usize| entries[i].process.exited_at_unix_s.unwrap_or(f64::INFINITY);
-                t(a).total_cmp(&t(b))
+                let finished = |i: usize| entries[i].process.exit_code == Some(0);
+                finished(a).cmp(&finished(b)).then(t(a).total_cmp(&t(b)))
             });
         }
     }
@@ -639,6 +641,9 @@ fn culprit(entry: &Entry, ctx: &Ctx, kind: VerdictKind) -> Culprit {
         exit_code: (entry.position.condition == Condition::Exited)
             .then_some(entry.process.exit_code)
             .flatten(),
+        death: (entry.position.condition == Condition::Exited)
+            .then(|| entry.process.death.clone())
+            .flatten(),
     }
 }
 
@@ -677,7 +682,10 @@ fn reason(entry: &Entry, kind: VerdictKind) -> String {
             "{}: it will not run until it gets SIGCONT",
             state_words(p.state)
         ),
-        Condition::Exited => format!("{} while its peers wait", p.where_),
+        Condition::Exited => match &entry.process.death {
+            Some(death) => death.cause.clone(),
+            None => format!("{} while its peers wait", p.where_),
+        },
         Condition::Running if kind == VerdictKind::Busy => {
             format!("computing in {} while its peers wait", p.where_)
         }
@@ -805,7 +813,18 @@ fn summarize(
             with_rest(format!("{} is in {}{call}{on}{fs}{more}", who(e, ctx), state_words(p.state)))
         }
         (VerdictKind::Stopped, Some(e)) => with_rest(format!("{} is {}{more}", who(e, ctx), state_words(e.position.state))),
-        (VerdictKind::Exited, Some(e)) => with_rest(format!("{} {}{more}", who(e, ctx), e.position.where_)),
+        (VerdictKind::Exited, Some(e)) => match &e.process.death {
+            // How it died says more than its exit code; the ranks that left after it followed it.
+            Some(death) => {
+                let after = match culprits.len() {
+                    0 | 1 => String::new(),
+                    2 => "; 1 more rank exited after it".to_string(),
+                    n => format!("; {} more ranks exited after it", n - 1),
+                };
+                with_rest(format!("{} {}{after}", who(e, ctx), death.cause))
+            }
+            None => with_rest(format!("{} {}{more}", who(e, ctx), e.position.where_)),
+        },
         (VerdictKind::Busy, Some(e)) => with_rest(format!("{} is computing in {}{more}", who(e, ctx), e.position.where_)),
         (VerdictKind::Diverged, Some(e)) => with_rest(format!(
             "{} is the odd one out: {} in {}{more}",

@@ -503,6 +503,77 @@ fn the_first_rank_to_exit_leads_an_exited_verdict() {
     );
 }
 
+#[test]
+fn a_dead_rank_is_named_with_how_it_died_while_its_peer_waits() {
+    let mut procs = ranks(2);
+    procs[1].exited = true;
+    procs[1].exit_code = Some(137);
+    procs[1].exited_at_unix_s = Some(20.0);
+    procs[1].threads.clear();
+    procs[1].death = Some(hangwatch_diagnosis::death::explain(
+        &hangwatch_diagnosis::death::DeathFacts {
+            signal: Some(9),
+            kernel_log_readable: true,
+            kernel_oom: Some(hangwatch_diagnosis::death::KernelOom {
+                line: "Memory cgroup out of memory: Killed process 1001 (python)".into(),
+                memcg: Some("/hw-test".into()),
+            }),
+            memory_cgroup: Some(hangwatch_diagnosis::death::CgroupFacts {
+                path: "/hw-test".into(),
+                version: 1,
+                limit_bytes: Some(256 << 20),
+                oom_kills: Some(1),
+            }),
+            ..Default::default()
+        },
+    ));
+    let v = roll_call(&input(procs, vec![]));
+    assert_eq!(v.kind, VerdictKind::Exited);
+    assert!(
+        v.summary.starts_with(
+            "rank 1 (node n1, pid 1001) was killed by the kernel's OOM killer (memory cgroup /hw-test, limit \
+             256 MiB); 1 rank waits in "
+        ),
+        "{}",
+        v.summary
+    );
+    let death = v.culprits[0]
+        .death
+        .as_ref()
+        .expect("the culprit carries its death");
+    assert_eq!(death.oom_killed, Some(true));
+    assert_eq!(v.culprits[0].exit_code, Some(137));
+    assert_eq!(v.culprits[0].reason.as_deref(), Some(death.cause.as_str()));
+}
+
+#[test]
+fn after_the_job_ended_the_first_rank_to_fail_leads_and_a_finished_one_never_does() {
+    let mut procs = ranks(3);
+    for (rank, code, at) in [(0usize, 0, 10.0), (1, 1, 12.0), (2, 1, 12.5)] {
+        procs[rank].exited = true;
+        procs[rank].exit_code = Some(code);
+        procs[rank].exited_at_unix_s = Some(at);
+        procs[rank].threads.clear();
+    }
+    procs[1].death = Some(hangwatch_diagnosis::death::explain(
+        &hangwatch_diagnosis::death::DeathFacts {
+            exit_code: Some(1),
+            output: vec![
+                "Traceback (most recent call last):".into(),
+                "RuntimeError: boom".into(),
+            ],
+            ..Default::default()
+        },
+    ));
+    let v = roll_call(&input(procs, vec![]));
+    let order: Vec<Option<u32>> = v.culprits.iter().map(|c| c.rank).collect();
+    assert_eq!(order, vec![Some(1), Some(2), Some(0)]);
+    assert_eq!(
+        v.summary,
+        "rank 1 (node n1, pid 1001) exited with code 1: RuntimeError: boom; 2 more ranks exited after it"
+    );
+}
+
 /// A worker of `rank` (pid 2000 + 10 x rank + n): a forked child waiting on its pipe, as a healthy one does.
 fn worker(rank: u32, n: i32) -> ProcessObservation {
     let pid = 2000 + 10 * rank as i32 + n;

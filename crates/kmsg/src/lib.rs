@@ -21,7 +21,9 @@ pub mod time;
 
 pub use follow::{follow, open_kmsg, FollowError, FollowSummary, DEV_KMSG};
 pub use hung::{Blocker, HungTaskReport, Syscall, SyscallSource};
-pub use notices::{ComplaintKind, FsComplaint, OomKill, XidEvent};
+pub use notices::{
+    parse_oom_constraint, ComplaintKind, FsComplaint, OomConstraint, OomKill, XidEvent,
+};
 pub use parser::{events_from_text, Event, Parser};
 pub use prefix::LineFormat;
 pub use render::{render_event, render_report};

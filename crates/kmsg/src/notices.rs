@@ -301,6 +301,37 @@ pub fn parse_oom_kill(time: Timestamp, text: &str) -> Option<OomKill> {
     })
 }
 
+/// The kernel's summary line of an OOM kill, printed just before `Killed process`:
+/// `oom-kill:constraint=CONSTRAINT_MEMCG,...,oom_memcg=/job,task_memcg=/job,task=python,pid=4242,uid=0`. It names
+/// the memory cgroup whose limit was hit, which a zombie's `/proc/PID/cgroup` no longer does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomConstraint {
+    pub pid: u32,
+    /// `CONSTRAINT_MEMCG` (a cgroup's limit), `CONSTRAINT_NONE` (the node's memory), ...
+    pub constraint: Option<String>,
+    /// The cgroup whose limit was hit, and the one the killed task was in.
+    pub oom_memcg: Option<String>,
+    pub task_memcg: Option<String>,
+}
+
+/// Finds an `oom-kill:` summary anywhere in `text` (a raw `/dev/kmsg` record included).
+pub fn parse_oom_constraint(text: &str) -> Option<OomConstraint> {
+    let at = text.find("oom-kill:")?;
+    let fields = &text[at + "oom-kill:".len()..];
+    let field = |key: &str| {
+        fields.split(',').find_map(|kv| {
+            let (k, v) = kv.trim().split_once('=')?;
+            (k == key && !v.is_empty() && v != "(null)").then(|| v.to_string())
+        })
+    };
+    Some(OomConstraint {
+        pid: field("pid")?.parse().ok()?,
+        constraint: field("constraint"),
+        oom_memcg: field("oom_memcg"),
+        task_memcg: field("task_memcg"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,6 +467,29 @@ mod tests {
             (None, ComplaintKind::IoError, Some("sdb"))
         );
         assert_eq!(parse_fs_complaint(t(), "CIFS PidTable: buckets 64"), None);
+    }
+
+    #[test]
+    fn oom_constraint_names_the_memory_cgroup() {
+        let line = "3,4112,247233929,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,\
+                    oom_memcg=/hw-probe,task_memcg=/hw-probe,task=python3,pid=7927,uid=0";
+        assert_eq!(
+            parse_oom_constraint(line),
+            Some(OomConstraint {
+                pid: 7927,
+                constraint: Some("CONSTRAINT_MEMCG".into()),
+                oom_memcg: Some("/hw-probe".into()),
+                task_memcg: Some("/hw-probe".into()),
+            })
+        );
+        assert_eq!(
+            parse_oom_constraint("oom-kill:constraint=CONSTRAINT_NONE"),
+            None
+        );
+        assert_eq!(
+            parse_oom_constraint("Out of memory: Killed process 1 (x)"),
+            None
+        );
     }
 
     #[test]

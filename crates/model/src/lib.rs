@@ -4,6 +4,7 @@
 //! Every field that does not apply is `None` and serializes as `null`: hangwatch never invents a value.
 
 mod clock;
+mod death;
 mod errors;
 mod node;
 mod observation;
@@ -12,6 +13,7 @@ mod timeline;
 mod verdict;
 
 pub use clock::{format_duration, unix_now, utc_time};
+pub use death::RankDeath;
 pub use errors::error_chain;
 pub use node::*;
 pub use observation::*;

@@ -36,6 +36,9 @@ pub struct ProcessObservation {
     /// worker): it belongs to that rank and is never a rank itself.
     #[serde(default)]
     pub worker_of: Option<WorkerOf>,
+    /// How it died, when it exited and its supervisor gathered why (`run` with ranks it started).
+    #[serde(default)]
+    pub death: Option<crate::RankDeath>,
 }
 
 /// A process known by its pid and its start time, so that a reused pid is never taken for it.

@@ -284,6 +284,10 @@ pub struct Culprit {
     /// How a rank that exited ended, as a shell reports it (128+N for signal N); `null` for a live rank.
     #[serde(default)]
     pub exit_code: Option<i32>,
+    /// How a rank that died ended: signal, OOM kill, core dump, last lines; `null` for a live rank or when
+    /// nothing was gathered.
+    #[serde(default)]
+    pub death: Option<crate::RankDeath>,
 }
 
 // Reads of a culprit's place (`culprit.rank`, `culprit.state`) go straight to the shared part.

@@ -1,10 +1,11 @@
-//! Parsers of the /proc files hangwatch reads, and [`ProcFs`], a reader that only touches the entries that stay
+//! Parsers of the /proc files hangwatch reads (and of the memory cgroup files a rank's death is explained from), and [`ProcFs`], a reader that only touches the entries that stay
 //! safe on a process stuck on a frozen filesystem (see `docs/proc.md`).
 //!
 //! Parsing is apart from reading: every parser takes the file's text, so tests feed captured samples, and the
 //! reader's root is a parameter, so tests point it at a fake tree. Merging two samples into observations
 //! ([`observe_threads`]) and resolving a file to its mount ([`resolve_file_ref`]) are pure functions.
 
+mod cgroup;
 mod clock;
 mod environ;
 mod error;
@@ -20,6 +21,10 @@ mod status;
 mod syscall;
 mod syscall_table;
 
+pub use cgroup::{
+    parse_memory_events, parse_memory_limit, parse_oom_control, parse_proc_cgroup, CgroupFs,
+    CgroupVersion, MemoryCgroup, MemoryCgroupState,
+};
 pub use clock::{clk_tck, DEFAULT_CLK_TCK};
 pub use environ::{parse_environ, Environ, RankEnv};
 pub use error::{ParseError, ReadError};

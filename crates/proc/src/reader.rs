@@ -141,6 +141,13 @@ impl ProcFs {
         )
     }
 
+    /// The process's memory cgroup (`/proc/PID/cgroup`: read from the kernel's task, never from a filesystem
+    /// the process uses). `Ok(None)` when the file names none.
+    pub fn memory_cgroup(&self, pid: i32) -> Result<Option<crate::MemoryCgroup>, ReadError> {
+        let text = self.read(pid, None, &self.pid_dir(pid).join("cgroup"))?;
+        Ok(crate::cgroup::parse_proc_cgroup(&text))
+    }
+
     pub fn io(&self, pid: i32) -> Result<IoCounters, ReadError> {
         self.parse(pid, None, self.pid_dir(pid).join("io"), parse_io)
     }

@@ -335,6 +335,7 @@ fn big_verdict() -> Verdict {
         reason: None,
         worker: None,
         exit_code: None,
+        death: None,
     }];
     v.groups = vec![
         Group {

@@ -19,6 +19,7 @@
 //! # }
 //! ```
 
+mod cgroup;
 mod cmd;
 mod error;
 mod fuse;
@@ -31,6 +32,7 @@ mod watchdog;
 
 use std::time::{Duration, Instant};
 
+pub use cgroup::MemoryCgroup;
 pub use cmd::{run_tool, run_tool_unchecked, send, wait_with_deadline, ChildGuard, ToolOutput};
 pub use error::{error_chain, strict_mode, Result, TestkitError};
 pub use fuse::{FuseMount, StoppedDaemon};
