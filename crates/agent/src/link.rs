@@ -49,6 +49,8 @@ pub enum LinkEvent {
     RollCallOrdered {
         roll_call_id: u64,
         deadline: Duration,
+        /// Mounts to probe besides those this node's stuck ranks use.
+        probe_mounts: Vec<String>,
     },
     /// End the job's ranks on this node; the verdict is the job's, from every node's observations.
     TerminateOrdered {
@@ -395,6 +397,7 @@ fn dispatch(events: &SyncSender<Event>, order: pb::Order) {
                 tell(LinkEvent::RollCallOrdered {
                     roll_call_id: r.roll_call_id,
                     deadline: Duration::from_millis(u64::from(r.deadline_ms)),
+                    probe_mounts: r.probe_mounts,
                 });
             }
             Some(order::Kind::Terminate(t)) => {

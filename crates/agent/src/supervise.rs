@@ -791,9 +791,11 @@ impl Supervisor {
             LinkEvent::RollCallOrdered {
                 roll_call_id,
                 deadline,
+                probe_mounts,
             } => {
                 if let Some(link) = &self.link {
-                    self.start_ordered_roll_call(roll_call_id, deadline, link.answers());
+                    let answers = link.answers();
+                    self.start_ordered_roll_call(roll_call_id, deadline, probe_mounts, answers);
                 }
                 None
             }
@@ -1425,12 +1427,24 @@ impl Supervisor {
 
     /// A roll call the coordinator ordered: this node's observations go back to it as soon as they are taken
     /// (and are kept for this node's evidence); the coordinator decides.
-    fn start_ordered_roll_call(&mut self, roll_call_id: u64, deadline: Duration, answers: Answers) {
+    fn start_ordered_roll_call(
+        &mut self,
+        roll_call_id: u64,
+        deadline: Duration,
+        probe_mounts: Vec<String>,
+        answers: Answers,
+    ) {
+        let also = if probe_mounts.is_empty() {
+            String::new()
+        } else {
+            format!(", probing {} too", probe_mounts.join(", "))
+        };
         say(format!(
-            "hangwatch: the coordinator asks for a roll call of this node (answer within {:.0}s)",
+            "hangwatch: the coordinator asks for a roll call of this node (answer within {:.0}s{also})",
             deadline.as_secs_f64()
         ));
-        let job = self.investigation_job(Trigger::Ordered);
+        let mut job = self.investigation_job(Trigger::Ordered);
+        job.options.extra_probes = probe_mounts;
         let events = self.events.clone();
         let spawned = std::thread::Builder::new()
             .name("hw-ordered".into())
@@ -1523,6 +1537,7 @@ impl Supervisor {
             })
             .with_timeouts(self.config.stack_timeout, pids.len());
         let options = RollCallOptions {
+            extra_probes: Vec::new(),
             window: self.config.window,
             read_stacks: true,
             stacks,

@@ -9,6 +9,7 @@ mod output;
 mod requeue;
 mod size;
 mod slurm;
+mod storage_wait;
 
 use std::process::ExitCode;
 

@@ -159,11 +159,49 @@ fn show_job(id: &str) -> Result<ShownJob, String> {
     Ok(ShownJob::parse(out.lines().next().unwrap_or_default()))
 }
 
+/// While an attempt waits for the storage that hung the one before: the job's comment says so (`still`: the
+/// mounts that do not answer yet, `None` once they do), so that `squeue -o %k` shows why the job does nothing.
+pub fn note_storage_wait(
+    job: &SlurmJob,
+    record: &AttemptRecord,
+    still: Option<&[String]>,
+    waited: Duration,
+) {
+    let Ok(shown) = show_job(&job.id) else {
+        return;
+    };
+    let note = AttemptRecord {
+        waiting: still.map(|m| {
+            format!(
+                "{} (silent for {})",
+                m.join(","),
+                hangwatch_model::format_duration(waited)
+            )
+        }),
+        ..record.clone()
+    };
+    let comment = note.into_comment(shown.comment());
+    if let Err(e) = slurm(
+        "scontrol",
+        &[
+            "update".into(),
+            format!("JobId={}", job.id),
+            format!("Comment={comment}"),
+        ],
+        None,
+    ) {
+        tracing::warn!(job = %job.id, error = %e, "cannot note the storage wait in the job's comment");
+    }
+}
+
 /// At the start of an attempt: what the previous one left, said in one line.
-pub fn previous_attempt(job: &SlurmJob) -> Option<AttemptRecord> {
+pub fn previous_attempt(job: &SlurmJob, say_it: bool) -> Option<AttemptRecord> {
     match show_job(&job.id) {
         Ok(shown) => {
             let record = AttemptRecord::from_comment(shown.comment())?;
+            if !say_it {
+                return Some(record);
+            }
             say(format!(
                 "hangwatch: attempt {} (job {}): {}",
                 job.attempt(Some(&record)),
@@ -579,6 +617,9 @@ mod tests {
             without_progress: 1,
             excluded: vec!["n2".into()],
             cause: "rank 1 on n2 in write()".into(),
+            scope: None,
+            mounts: Vec::new(),
+            waiting: None,
         };
         let shells: Vec<String> = steps(
             &job,

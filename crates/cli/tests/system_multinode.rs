@@ -116,6 +116,17 @@ impl Cluster {
 
     /// The agent of node `i` (node rank `i`, one rank: global rank `i`).
     fn start_agent(&self, i: usize, flags: &[&str], job: &[String]) -> HangwatchRun {
+        self.start_agent_with(self.net.command(NODES[i], BIN), i, flags, job)
+    }
+
+    /// [`Cluster::start_agent`] started through `cmd` (a wrapper that ends by exec-ing hangwatch).
+    fn start_agent_with(
+        &self,
+        cmd: std::process::Command,
+        i: usize,
+        flags: &[&str],
+        job: &[String],
+    ) -> HangwatchRun {
         let node_rank = i.to_string();
         let master = self.net.addr(NODES[0]).to_string();
         let token = self.token.to_string_lossy().into_owned();
@@ -137,7 +148,7 @@ impl Cluster {
             "--quiet",
         ];
         all.extend_from_slice(flags);
-        HangwatchRun::start_in(self.net.command(NODES[i], BIN), &all, job)
+        HangwatchRun::start_in(cmd, &all, job)
     }
 
     fn start_agents(&self, flags: &[&str], job: &[String]) -> Vec<HangwatchRun> {
@@ -246,10 +257,25 @@ fn the_incident_across_three_nodes_every_node_names_rank_0_on_n1_in_write_and_ex
         assert_eq!(c["path"], log_s.as_str());
         assert_eq!(c["mount"], fs.path().to_str().unwrap());
         assert_eq!(c["fstype"], "ext4");
+        // Every node probed the mount: it does not answer from n2 and n3 either, where no rank is stuck.
+        assert_eq!(v["scope"], "filesystem", "{node}: {}", d.describe());
+        let evidence = v["scope_evidence"].to_string();
+        assert!(
+            evidence.contains("does not answer from n2, n3, where no rank is stuck"),
+            "{node}: {evidence}"
+        );
+        assert!(
+            v["summary"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("storage incident: ")
+                    && s.contains("(ext4) does not respond from n1, n2, n3")),
+            "{node}: {}",
+            v["summary"]
+        );
         // The same story on every node's stderr, also where nothing is wrong.
         assert!(
             d.stderr
-                .contains("the coordinator ends the job: blocked in kernel: rank 0 (node n1")
+                .contains("the coordinator ends the job: blocked in kernel: storage incident: ")
                 && d.stderr.contains("in write() on"),
             "{node}: {}",
             d.describe()
@@ -306,6 +332,60 @@ fn the_incident_across_three_nodes_every_node_names_rank_0_on_n1_in_write_and_ex
     let rank0 = ranks_on(&done[0].json, "n1");
     assert_all_dead(rank0, "rank 0 after the thaw");
     coordinator.kill();
+}
+
+#[test]
+fn a_mount_that_only_the_culprits_node_has_and_that_stops_is_that_nodes_fault() {
+    let py = require!(python());
+    let net = require!(network());
+    let fs = require!(LoopExt4::new(64));
+    let cluster = Cluster::new(net);
+    let (log, _, job) = incident_job(py, &fs);
+    let mount = fs.path().to_string_lossy().into_owned();
+    let _coordinator = cluster.start_coordinator();
+    let flags = ["--stall-after", STALL_AFTER];
+    // n2 and n3 have something else at the same path (a tmpfs of their own, in a mount namespace of their own):
+    // the frozen ext4 is n1's alone.
+    let mut agents = vec![cluster.start_agent(0, &flags, &job)];
+    for (i, node) in NODES.iter().enumerate().skip(1) {
+        let mut cmd = cluster.net.command(node, "unshare");
+        cmd.args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            r#"mount -t tmpfs hw-node-local "$HW_LOCAL" && exec "$0" "$@""#,
+            BIN,
+        ])
+        .env("HW_LOCAL", &mount);
+        agents.push(cluster.start_agent_with(cmd, i, &flags, &job));
+    }
+    wait_joined(&agents, "joined");
+    wait_steps(&log, 3, &agents);
+    for a in agents.iter_mut() {
+        a.track_descendants();
+    }
+    let frozen = require!(fs.freeze());
+    let done: Vec<_> = agents
+        .iter_mut()
+        .map(|a| a.finish(STALL + Duration::from_secs(30)))
+        .collect();
+    drop(frozen);
+    for (i, d) in done.iter().enumerate() {
+        d.assert_code(75);
+        let v = &d.json;
+        assert_eq!(d.culprit(0)["node"], "n1", "{}: {}", NODES[i], d.describe());
+        assert_eq!(v["scope"], "node", "{}: {}", NODES[i], d.describe());
+        assert!(
+            v["scope_evidence"]
+                .to_string()
+                .contains("answers from n2, n3 but not from n1"),
+            "{}: {}",
+            NODES[i],
+            v["scope_evidence"]
+        );
+    }
 }
 
 #[test]

@@ -71,6 +71,56 @@ pub struct RollCallOutcome {
     pub observations: Vec<NodeObservations>,
 }
 
+/// How long the second round of a roll call (every node probes the blocking mount) may take at most.
+const PROBE_ROUND_DEADLINE: Duration = Duration::from_secs(6);
+
+/// What one round of a roll call brought back.
+struct Round {
+    /// The answers, in node-name order.
+    observations: Vec<NodeObservations>,
+    /// Nodes that left the job: their ranks count as exited.
+    departed: Vec<NodeObservations>,
+    expected: Vec<String>,
+    not_answered: Vec<String>,
+}
+
+impl Round {
+    fn answered(&self) -> Vec<String> {
+        self.observations
+            .iter()
+            .filter_map(|o| o.node.clone())
+            .collect()
+    }
+
+    fn decide(&mut self, stalled_for: Option<Duration>) -> Verdict {
+        let answered = self.observations.len();
+        self.observations.extend(self.departed.iter().cloned());
+        let verdict = decide(
+            &self.observations,
+            &DecideOptions {
+                stalled_for_s: stalled_for.map(|d| d.as_secs_f64()),
+                expected_nodes: self.expected.clone(),
+            },
+        );
+        self.observations.truncate(answered);
+        verdict
+    }
+
+    /// The probes of a later round, added to each node's answer where it had none of that mount.
+    fn add_probes(&mut self, later: Vec<NodeObservations>) {
+        for answer in later {
+            let Some(mine) = self.observations.iter_mut().find(|o| o.node == answer.node) else {
+                continue;
+            };
+            for probe in answer.probes {
+                if !mine.probes.iter().any(|p| p.mount == probe.mount) {
+                    mine.probes.push(probe);
+                }
+            }
+        }
+    }
+}
+
 /// An open order stream to one agent.
 struct Attached {
     session_id: u64,
@@ -183,12 +233,37 @@ impl Coordinator {
         self.roll_call_stalled(deadline, None).await
     }
 
-    /// [`Coordinator::roll_call`] of a job that made no progress for `stalled_for`.
+    /// [`Coordinator::roll_call`] of a job that made no progress for `stalled_for`. When the verdict blames a
+    /// mount that some nodes did not probe (no rank of theirs uses it), a second round asks every node to probe
+    /// it, so that the verdict can tell a storage incident from the culprit's node (`hangwatch_diagnosis::scope`).
     pub async fn roll_call_stalled(
         &self,
         deadline: Duration,
         stalled_for: Option<Duration>,
     ) -> RollCallOutcome {
+        let mut round = self.collect(deadline, Vec::new()).await;
+        let mut verdict = round.decide(stalled_for);
+        let mounts =
+            hangwatch_diagnosis::scope::mounts_to_probe_everywhere(&verdict, &round.answered());
+        if !mounts.is_empty() {
+            tracing::info!(mounts = ?mounts, "asking every node to probe the blocking mount");
+            let second = self
+                .collect(deadline.min(PROBE_ROUND_DEADLINE), mounts)
+                .await;
+            round.add_probes(second.observations);
+            verdict = round.decide(stalled_for);
+        }
+        let answered = round.answered();
+        RollCallOutcome {
+            verdict,
+            answered,
+            not_answered: round.not_answered,
+            observations: round.observations,
+        }
+    }
+
+    /// One round of a roll call: the order to every node still in the job, their answers until `deadline`.
+    async fn collect(&self, deadline: Duration, probe_mounts: Vec<String>) -> Round {
         let id = self.next_id();
         let until = tokio::time::Instant::now() + deadline;
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -197,6 +272,7 @@ impl Coordinator {
             kind: Some(order::Kind::RollCall(pb::RollCallOrder {
                 roll_call_id: id,
                 deadline_ms: u32::try_from(deadline.as_millis()).unwrap_or(u32::MAX),
+                probe_mounts,
             })),
         };
         let (expected, departed, mut waiting) = {
@@ -246,7 +322,6 @@ impl Coordinator {
             }
         }
         self.state().roll_calls.remove(&id);
-        let answered: Vec<String> = observations.keys().cloned().collect();
         let not_answered: Vec<String> = expected
             .iter()
             .filter(|n| !observations.contains_key(*n))
@@ -255,23 +330,12 @@ impl Coordinator {
         if !not_answered.is_empty() {
             tracing::warn!(roll_call = id, nodes = ?not_answered, "nodes did not answer the roll call in time");
         }
-        // Moved, not cloned: at 1,250 nodes the observations are over 100 MiB.
-        let mut observations: Vec<NodeObservations> = observations.into_values().collect();
-        let answered_count = observations.len();
-        observations.extend(departed);
-        let verdict = decide(
-            &observations,
-            &DecideOptions {
-                stalled_for_s: stalled_for.map(|d| d.as_secs_f64()),
-                expected_nodes: expected,
-            },
-        );
-        observations.truncate(answered_count);
-        RollCallOutcome {
-            verdict,
-            answered,
+        Round {
+            // Moved, not cloned: at 1,250 nodes the observations are over 100 MiB.
+            observations: observations.into_values().collect(),
+            departed,
+            expected,
             not_answered,
-            observations,
         }
     }
 

@@ -8,6 +8,7 @@
 //! - [`activity`]: whether a job without progress still works, and how long that holds the hard tier back.
 //! - [`fs_stall`]: the fast path for a rank stuck on a filesystem (or stopped) while the job stalls.
 //! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
+//! - [`scope`]: what a fault belongs to (the filesystem, the node, the program), and why.
 //! - [`requeue`]: after a hung attempt under `--action requeue`: nodes to keep out, the restart budget.
 
 pub mod acting;
@@ -19,6 +20,7 @@ pub mod position;
 pub mod ranks;
 pub mod requeue;
 pub mod rollcall;
+pub mod scope;
 
 pub use acting::{is_conclusive, is_conclusive_for_job, is_confirmed_stuck, OnHang};
 pub use activity::{
@@ -33,3 +35,4 @@ pub use ranks::{find_ranks, EnvFact, RankMap, TreeNode};
 pub use rollcall::{
     decide, mounts_to_probe, roll_call, superblock_waiter, DecideOptions, RollCallInput,
 };
+pub use scope::{apply_scope, scope_of};

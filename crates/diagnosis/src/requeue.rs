@@ -5,7 +5,7 @@
 //! The record travels with the job in Slurm (the next attempt's `Comment`), because the next attempt may run on
 //! other nodes: node-local state would not reach it, and a shared filesystem may be the one that froze.
 
-use hangwatch_model::{Verdict, VerdictKind};
+use hangwatch_model::{Scope, Verdict, VerdictKind};
 
 /// Marks hangwatch's part of a job's comment; text before it (the user's own comment) is kept.
 pub const RECORD_MARK: &str = "hangwatch:";
@@ -24,6 +24,28 @@ pub struct AttemptRecord {
     pub excluded: Vec<String>,
     /// The rank, node and call that held the job up, in a few words.
     pub cause: String,
+    /// What the fault belonged to (`None`: not decided).
+    pub scope: Option<Scope>,
+    /// Mounts that blocked a rank and did not answer their probe: the next attempt waits until they answer
+    /// before it starts the job, so that no attempt is spent into a frozen filesystem.
+    pub mounts: Vec<String>,
+    /// While the next attempt waits for those mounts: what it waits for, for people reading the job's comment
+    /// (`squeue -o %k`); written, never read back.
+    pub waiting: Option<String>,
+}
+
+/// A mount path in the record: spaces, commas and `%` encoded, since fields are space-separated and lists
+/// comma-separated.
+fn encode_path(path: &str) -> String {
+    path.replace('%', "%25")
+        .replace(' ', "%20")
+        .replace(',', "%2C")
+}
+
+fn decode_path(text: &str) -> String {
+    text.replace("%2C", ",")
+        .replace("%20", " ")
+        .replace("%25", "%")
 }
 
 impl AttemptRecord {
@@ -40,8 +62,20 @@ impl AttemptRecord {
             .map(|c| if c.is_control() { ' ' } else { c })
             .take(160)
             .collect();
+        // Written only when known: a record without them reads as before.
+        let mut extra = String::new();
+        if let Some(scope) = self.scope {
+            extra.push_str(&format!(" scope={}", scope.as_str()));
+        }
+        if !self.mounts.is_empty() {
+            let mounts: Vec<String> = self.mounts.iter().map(|m| encode_path(m)).collect();
+            extra.push_str(&format!(" mounts={}", mounts.join(",")));
+        }
+        if let Some(w) = &self.waiting {
+            extra.push_str(&format!(" waiting={}", encode_path(w)));
+        }
         let record = format!(
-            "{RECORD_MARK} attempt={} kind={} step={} without_progress={} excluded={} cause={}",
+            "{RECORD_MARK} attempt={} kind={} step={} without_progress={} excluded={}{extra} cause={}",
             self.attempt,
             self.kind.as_str(),
             self.last_step.map_or("-".to_string(), |s| s.to_string()),
@@ -75,6 +109,9 @@ impl AttemptRecord {
             without_progress: 0,
             excluded: Vec::new(),
             cause: String::new(),
+            scope: None,
+            mounts: Vec::new(),
+            waiting: None,
         };
         let mut seen_attempt = false;
         let text = &comment[at + RECORD_MARK.len()..];
@@ -105,6 +142,15 @@ impl AttemptRecord {
                     record.excluded = value.split(',').map(str::to_string).collect();
                 }
                 "excluded" => {}
+                "scope" => {
+                    record.scope = [Scope::Filesystem, Scope::Node, Scope::Job]
+                        .into_iter()
+                        .find(|s| s.as_str() == value)
+                }
+                "mounts" if value != "-" => {
+                    record.mounts = value.split(',').map(decode_path).collect();
+                }
+                "mounts" => {}
                 // A field from a newer hangwatch: not ours to judge.
                 _ => {}
             }
@@ -159,27 +205,60 @@ pub enum RequeueDecision {
     GiveUp { record: AttemptRecord },
 }
 
-/// Nodes the verdict blames on the node itself, not on the program: a rank stuck in the kernel or stopped, or a
-/// node that stopped answering. A Python deadlock or a busy rank would hang anywhere; excluding its node would
-/// only shrink the pool.
+/// Nodes that cannot run the next attempt, and only those:
+/// - a node that stopped answering;
+/// - a node whose rank is still in D after SIGKILL (the termination's `unkillable` action): it holds the node;
+/// - with the fault scoped to the node (a mount only it has that does not answer), the culprit's node.
+///
+/// A node whose ranks ended cleanly is not excluded, whatever the verdict blamed: under a storage incident it is
+/// as good as any other once the storage answers, and a Python deadlock or a busy rank would hang anywhere.
 pub fn bad_nodes(verdict: &Verdict) -> Vec<String> {
-    let mut nodes: Vec<String> = match verdict.kind {
-        VerdictKind::BlockedInKernel | VerdictKind::Stopped => verdict
-            .culprits
-            .iter()
-            .filter_map(|c| c.node.clone())
-            .collect(),
-        VerdictKind::NodeUnreachable => verdict
+    let unkillable: Vec<u32> = verdict
+        .actions
+        .iter()
+        .filter(|a| a.action == "unkillable")
+        .flat_map(|a| a.ranks.iter().copied())
+        .collect();
+    let held = verdict
+        .culprits
+        .iter()
+        .filter(|c| c.rank.is_some_and(|r| unkillable.contains(&r)))
+        .filter_map(|c| c.node.clone());
+    let mut nodes: Vec<String> = match (verdict.kind, verdict.scope) {
+        (VerdictKind::NodeUnreachable, _) => verdict
             .nodes_not_seen
             .iter()
             .cloned()
             .chain(verdict.culprits.iter().filter_map(|c| c.node.clone()))
             .collect(),
-        _ => Vec::new(),
+        (VerdictKind::BlockedInKernel, Some(Scope::Node)) => verdict
+            .culprits
+            .iter()
+            .filter_map(|c| c.node.clone())
+            .collect(),
+        _ => held.collect(),
     };
     nodes.sort();
     nodes.dedup();
     nodes
+}
+
+/// Mounts that blocked a rank and did not answer their probe: what the next attempt waits for.
+pub fn blamed_mounts(verdict: &Verdict) -> Vec<String> {
+    let mut mounts: Vec<String> = verdict
+        .culprits
+        .iter()
+        .filter_map(|c| c.mount.clone())
+        .filter(|m| {
+            verdict
+                .filesystems
+                .iter()
+                .any(|f| &f.mount == m && f.responsive == Some(false))
+        })
+        .collect();
+    mounts.sort();
+    mounts.dedup();
+    mounts
 }
 
 /// Decides whether to requeue, and with which nodes kept out.
@@ -190,8 +269,12 @@ pub fn decide_requeue(input: &RequeueInput<'_>) -> RequeueDecision {
         (input.last_step, previous.and_then(|p| p.last_step)),
         (Some(now), Some(before)) if now > before
     );
+    // A storage incident is not the job's: it spends no attempt of the budget.
+    let storage = input.verdict.scope == Some(Scope::Filesystem);
     let without_progress = match previous {
+        Some(p) if storage => p.without_progress,
         Some(p) if !progressed => p.without_progress + 1,
+        None if storage => 0,
         // The first hang, or the first since progress.
         _ => 1,
     };
@@ -209,6 +292,9 @@ pub fn decide_requeue(input: &RequeueInput<'_>) -> RequeueDecision {
         without_progress,
         excluded,
         cause: cause_of(input.verdict),
+        scope: input.verdict.scope,
+        mounts: blamed_mounts(input.verdict),
+        waiting: None,
     };
     if without_progress > input.max_requeues {
         RequeueDecision::GiveUp { record }
@@ -244,7 +330,7 @@ fn cause_of(verdict: &Verdict) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hangwatch_model::{Culprit, RankPlace};
+    use hangwatch_model::{ActionRecord, Culprit, FilesystemStatus, RankPlace};
 
     fn verdict(kind: VerdictKind, node: &str) -> Verdict {
         let mut v = Verdict::unknown("test");
@@ -270,6 +356,18 @@ mod tests {
         v
     }
 
+    /// `verdict` after a termination that left rank 0 in D (SIGKILL did not end it).
+    fn unkillable(kind: VerdictKind, node: &str) -> Verdict {
+        let mut v = verdict(kind, node);
+        v.actions.push(ActionRecord {
+            action: "unkillable".into(),
+            ranks: vec![0],
+            ok: false,
+            detail: None,
+        });
+        v
+    }
+
     fn input(
         v: &Verdict,
         restart: u32,
@@ -287,7 +385,7 @@ mod tests {
 
     #[test]
     fn a_first_hang_in_the_kernel_excludes_its_node_and_requeues() {
-        let v = verdict(VerdictKind::BlockedInKernel, "n2");
+        let v = unkillable(VerdictKind::BlockedInKernel, "n2");
         match decide_requeue(&input(&v, 0, None, Some(120))) {
             RequeueDecision::Requeue {
                 record,
@@ -301,6 +399,76 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_storage_incident_excludes_only_nodes_that_cannot_run_and_spends_no_budget() {
+        let mut v = verdict(VerdictKind::BlockedInKernel, "n2");
+        v.scope = Some(Scope::Filesystem);
+        v.filesystems.push(FilesystemStatus {
+            mount: "/gpfs".into(),
+            node: Some("n2".into()),
+            fstype: Some("gpfs".into()),
+            responsive: Some(false),
+            detail: None,
+        });
+        let previous = AttemptRecord {
+            attempt: 1,
+            kind: VerdictKind::BlockedInKernel,
+            last_step: Some(100),
+            without_progress: 2,
+            excluded: Vec::new(),
+            cause: String::new(),
+            scope: Some(Scope::Filesystem),
+            mounts: vec!["/gpfs".into()],
+            waiting: None,
+        };
+        match decide_requeue(&input(&v, 1, Some(previous.clone()), Some(100))) {
+            RequeueDecision::Requeue {
+                record,
+                newly_excluded,
+            } => {
+                assert!(
+                    newly_excluded.is_empty(),
+                    "its rank ended cleanly: n2 runs the next one"
+                );
+                assert_eq!(
+                    record.without_progress, 2,
+                    "the storage's hang spends no attempt"
+                );
+                assert_eq!(
+                    record.mounts,
+                    vec!["/gpfs"],
+                    "the next attempt waits for it"
+                );
+                assert_eq!(record.scope, Some(Scope::Filesystem));
+            }
+            other => panic!("{other:?}"),
+        }
+        v.actions.push(ActionRecord {
+            action: "unkillable".into(),
+            ranks: vec![0],
+            ok: false,
+            detail: None,
+        });
+        match decide_requeue(&input(&v, 1, Some(previous), Some(100))) {
+            RequeueDecision::Requeue { newly_excluded, .. } => {
+                assert_eq!(
+                    newly_excluded,
+                    vec!["n2"],
+                    "a rank still in D holds its node"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_node_scoped_mount_excludes_the_culprits_node_a_clean_end_otherwise_does_not() {
+        let mut v = verdict(VerdictKind::BlockedInKernel, "n4");
+        assert!(bad_nodes(&v).is_empty(), "ended cleanly, scope unknown");
+        v.scope = Some(Scope::Node);
+        assert_eq!(bad_nodes(&v), vec!["n4"]);
     }
 
     #[test]
@@ -320,7 +488,7 @@ mod tests {
 
     #[test]
     fn hangs_without_progress_spend_the_budget_and_progress_refills_it() {
-        let v = verdict(VerdictKind::BlockedInKernel, "n3");
+        let v = unkillable(VerdictKind::BlockedInKernel, "n3");
         let mut previous = None;
         let mut outcomes = Vec::new();
         for restart in 0..4 {
@@ -352,7 +520,7 @@ mod tests {
 
     #[test]
     fn unknown_steps_count_as_no_progress() {
-        let v = verdict(VerdictKind::BlockedInKernel, "n1");
+        let v = unkillable(VerdictKind::BlockedInKernel, "n1");
         let prev = AttemptRecord {
             attempt: 1,
             kind: VerdictKind::BlockedInKernel,
@@ -360,6 +528,9 @@ mod tests {
             without_progress: 3,
             excluded: vec!["n2".into()],
             cause: String::new(),
+            scope: None,
+            mounts: Vec::new(),
+            waiting: None,
         };
         match decide_requeue(&input(&v, 1, Some(prev), None)) {
             RequeueDecision::GiveUp { record } => {
@@ -379,6 +550,9 @@ mod tests {
             without_progress: 1,
             excluded: vec!["n2".into(), "n5".into()],
             cause: "rank 0 on n2 in write() on /gpfs".into(),
+            scope: Some(Scope::Filesystem),
+            mounts: vec!["/gpfs".into(), "/shared scratch,b".into()],
+            waiting: None,
         };
         let comment = record.into_comment("my experiment hangwatch: attempt=1 kind=busy step=- without_progress=1 excluded=- cause=-");
         assert!(

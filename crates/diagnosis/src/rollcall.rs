@@ -492,7 +492,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         }
     }
 
-    Verdict {
+    let mut verdict = Verdict {
         version: VERDICT_VERSION,
         kind,
         summary,
@@ -533,7 +533,9 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         activity,
         scope: None,
         scope_evidence: Vec::new(),
-    }
+    };
+    crate::scope::apply_scope(&mut verdict, &[]);
+    verdict
 }
 
 /// Groups entries by (where, state). Keys sort deterministically.

@@ -36,6 +36,8 @@ pub struct RollCallOptions {
     pub prepared: Option<PreparedStacks>,
     /// This node's name, for the observations.
     pub node: Option<String>,
+    /// Mounts to probe besides those the stuck ranks use (the coordinator's probe round).
+    pub extra_probes: Vec<String>,
 }
 
 /// The roll call's result: what this node saw, ready to decide from or to send.
@@ -299,6 +301,11 @@ pub fn take_roll_call(
 
     let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
     let mut mounts = mounts_to_probe(&observations, window_ms);
+    for m in &options.extra_probes {
+        if !mounts.contains(m) {
+            mounts.push(m.clone());
+        }
+    }
     // A writer waiting on a frozen superblock names no file: every writable mount it can see is probed (each in
     // its own child, under the probe deadline), and the decision names the one that does not answer.
     if let Some(pid) = superblock_waiter(&observations, window_ms) {

@@ -224,6 +224,7 @@ pub struct AgentMetrics {
     stall_state: Family<StateLabels, Gauge>,
     stalled_seconds: Seconds,
     computing_without_progress: Gauge,
+    waiting_for_storage: Gauge,
     threshold_seconds: Family<TierLabels, Seconds>,
     threshold_basis: Family<BasisLabels, Gauge>,
     outcomes: Outcomes,
@@ -253,6 +254,7 @@ impl AgentMetrics {
             stall_state: Family::default(),
             stalled_seconds: Seconds::default(),
             computing_without_progress: Gauge::default(),
+            waiting_for_storage: Gauge::default(),
             threshold_seconds: Family::default(),
             threshold_basis: Family::default(),
             outcomes: Outcomes::default(),
@@ -303,6 +305,11 @@ impl AgentMetrics {
             "hangwatch_computing_without_progress",
             "1 while the job makes no progress but a roll call saw its ranks compute, so hangwatch does not end it (until --max-stall or the work stops; docs/false-alarms.md)",
             metrics.computing_without_progress.clone(),
+        );
+        r.register(
+            "hangwatch_waiting_for_storage",
+            "1 while this attempt waits, before starting the job, for the storage that hung the one before (--action requeue; docs/storage-incidents.md)",
+            metrics.waiting_for_storage.clone(),
         );
         r.register(
             "hangwatch_threshold_seconds",
@@ -397,6 +404,11 @@ impl AgentMetrics {
     /// Whether the job computes without progress (and so is not ended for it).
     pub fn set_computing_without_progress(&self, computing: bool) {
         self.computing_without_progress.set(i64::from(computing));
+    }
+
+    /// Whether this attempt waits for the storage that hung the one before.
+    pub fn set_waiting_for_storage(&self, waiting: bool) {
+        self.waiting_for_storage.set(i64::from(waiting));
     }
 
     /// The thresholds in force (`basis`: `None` when the detector named one this version does not know).

@@ -56,6 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     stacks.per_pid_timeout = args.stack_timeout;
     stacks.total_timeout = args.stack_timeout * 4;
     let options = RollCallOptions {
+        extra_probes: Vec::new(),
         window: args.window,
         read_stacks: !args.no_stacks,
         stacks,

@@ -92,9 +92,14 @@ pub struct Args {
     /// which the job is not requeued again; `run` then exits 76.
     #[arg(long, default_value_t = 3, value_name = "N")]
     max_requeues: u32,
-    /// With --action requeue: also drain the nodes the verdict blames (needs Slurm admin rights).
+    /// With --action requeue: also drain the nodes the verdict blames (needs Slurm admin rights); never for a
+    /// storage incident (docs/storage-incidents.md).
     #[arg(long)]
     drain_bad_nodes: bool,
+    /// With --action requeue: how long an attempt waits for the storage that hung the one before (its mounts are
+    /// probed until they answer, before the job starts); then `run` exits 77.
+    #[arg(long, default_value = "2h", value_parser = parse_nonzero_duration, value_name = "DUR")]
+    storage_wait: Duration,
     /// Also write every line of the job's output here (written so that a frozen filesystem never blocks the job).
     #[arg(long)]
     log_file: Option<PathBuf>,
@@ -205,10 +210,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.action == Action::Requeue && slurm_job.is_none() {
         say("hangwatch: --action requeue outside a Slurm job: a hang is ended as with --action abort (exit 75)");
     }
+    // Every node reads it: each waits for the storage that hung the last attempt before starting its ranks.
     let previous_attempt = slurm_job
         .as_ref()
-        .filter(|_| node_rank == 0)
-        .and_then(crate::requeue::previous_attempt);
+        .and_then(|job| crate::requeue::previous_attempt(job, node_rank == 0));
     let restart_env = slurm_job
         .as_ref()
         .map(|job| crate::requeue::restart_env(job, env))
@@ -346,6 +351,28 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(what) = hangwatch_inspect::child::detach_from_binary_filesystem() {
         tracing::info!("{what}");
     }
+    if let (Some(job), Some(record)) = (&slurm_job, &previous_attempt) {
+        if !record.mounts.is_empty() {
+            let waited = crate::storage_wait::wait_for_storage(
+                &record.mounts,
+                args.storage_wait,
+                |still, waited| {
+                    if let Some(m) = &metrics_outlets {
+                        m.metrics.set_waiting_for_storage(still.is_some());
+                    }
+                    if node_rank == 0 {
+                        crate::requeue::note_storage_wait(job, record, still, waited);
+                    }
+                },
+            );
+            if let crate::storage_wait::StorageWait::GaveUp { .. } = waited {
+                drop(private_dir);
+                return Ok(ExitCode::from(
+                    u8::try_from(crate::storage_wait::EXIT_STORAGE_GAVE_UP).unwrap_or(1),
+                ));
+            }
+        }
+    }
     let code = match supervise(config) {
         Ok(outcome) => {
             if let Some(sink) = sink {
@@ -361,7 +388,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         previous_attempt.clone(),
                         outcome.last_step,
                         args.max_requeues,
-                        args.drain_bad_nodes,
+                        args.drain_bad_nodes
+                            && verdict.scope != Some(hangwatch_model::Scope::Filesystem),
                         &report_dir,
                     );
                     verdict.actions.push(action);
