@@ -207,7 +207,9 @@ pub enum RequeueDecision {
 
 /// Nodes that cannot run the next attempt, and only those:
 /// - a node that stopped answering;
-/// - a node whose rank is still in D after SIGKILL (the termination's `unkillable` action): it holds the node;
+/// - a node whose rank is still in D after SIGKILL (the termination's `unkillable` action), or whose culprit the
+///   verdict found unkillable (in D in a wait that takes no signal: on another node, this node does not see its
+///   termination): it holds the node until its call returns;
 /// - with the fault scoped to the node (a mount only it has that does not answer), the culprit's node.
 ///
 /// A node whose ranks ended cleanly is not excluded, whatever the verdict blamed: under a storage incident it is
@@ -222,7 +224,12 @@ pub fn bad_nodes(verdict: &Verdict) -> Vec<String> {
     let held = verdict
         .culprits
         .iter()
-        .filter(|c| c.rank.is_some_and(|r| unkillable.contains(&r)))
+        .filter(|c| {
+            c.rank.is_some_and(|r| unkillable.contains(&r))
+                || (verdict.kind == VerdictKind::BlockedInKernel
+                    && c.killable == Some(false)
+                    && c.state == "D")
+        })
         .filter_map(|c| c.node.clone());
     let mut nodes: Vec<String> = match (verdict.kind, verdict.scope) {
         (VerdictKind::NodeUnreachable, _) => verdict
@@ -404,6 +411,9 @@ mod tests {
     #[test]
     fn a_storage_incident_excludes_only_nodes_that_cannot_run_and_spends_no_budget() {
         let mut v = verdict(VerdictKind::BlockedInKernel, "n2");
+        // A FUSE or NFS wait takes SIGKILL: the rank ended cleanly.
+        v.culprits[0].killable = Some(true);
+        v.culprits[0].at.state = "S".into();
         v.scope = Some(Scope::Filesystem);
         v.filesystems.push(FilesystemStatus {
             mount: "/gpfs".into(),
@@ -466,6 +476,15 @@ mod tests {
     #[test]
     fn a_node_scoped_mount_excludes_the_culprits_node_a_clean_end_otherwise_does_not() {
         let mut v = verdict(VerdictKind::BlockedInKernel, "n4");
+        v.culprits[0].killable = Some(true);
+        assert!(bad_nodes(&v).is_empty(), "ended cleanly, scope unknown");
+        v.culprits[0].killable = Some(false);
+        assert_eq!(
+            bad_nodes(&v),
+            vec!["n4"],
+            "a rank in D that takes no signal holds its node"
+        );
+        v.culprits[0].killable = Some(true);
         assert!(bad_nodes(&v).is_empty(), "ended cleanly, scope unknown");
         v.scope = Some(Scope::Node);
         assert_eq!(bad_nodes(&v), vec!["n4"]);
