@@ -199,6 +199,25 @@ fn incident_job(py: &Path, fs: &LoopExt4) -> (PathBuf, String, Vec<String>) {
     (log, log_s, job)
 }
 
+/// Once every agent joined and rank 0 took 3 steps: freezes `fs` under it, waits for every agent to exit (each
+/// within `timeout`), and thaws.
+fn freeze_and_finish(
+    agents: &mut [HangwatchRun],
+    log: &Path,
+    fs: &LoopExt4,
+    timeout: Duration,
+) -> Vec<Finished> {
+    wait_joined(agents, "joined");
+    wait_steps(log, 3, agents);
+    for a in agents.iter_mut() {
+        a.track_descendants();
+    }
+    let frozen = fs.freeze().expect("freeze");
+    let done: Vec<Finished> = agents.iter_mut().map(|a| a.finish(timeout)).collect();
+    drop(frozen);
+    done
+}
+
 fn said(agent: &HangwatchRun, timeout: Duration, text: &str) -> bool {
     wait_until(timeout, POLL, || agent.stderr_text().contains(text))
 }
@@ -361,17 +380,7 @@ fn a_mount_that_only_the_culprits_node_has_and_that_stops_is_that_nodes_fault() 
         .env("HW_LOCAL", &mount);
         agents.push(cluster.start_agent_with(cmd, i, &flags, &job));
     }
-    wait_joined(&agents, "joined");
-    wait_steps(&log, 3, &agents);
-    for a in agents.iter_mut() {
-        a.track_descendants();
-    }
-    let frozen = require!(fs.freeze());
-    let done: Vec<_> = agents
-        .iter_mut()
-        .map(|a| a.finish(STALL + Duration::from_secs(30)))
-        .collect();
-    drop(frozen);
+    let done = freeze_and_finish(&mut agents, &log, &fs, STALL + Duration::from_secs(30));
     for (i, d) in done.iter().enumerate() {
         d.assert_code(75);
         let v = &d.json;
@@ -456,17 +465,7 @@ fn the_coordinator_alerts_once_for_the_job_although_every_node_was_given_the_web
         "job-4242",
     ];
     let mut agents = cluster.start_agents(&flags, &job);
-    wait_joined(&agents, "joined");
-    wait_steps(&log, 3, &agents);
-    for a in agents.iter_mut() {
-        a.track_descendants();
-    }
-    let frozen = require!(fs.freeze());
-    let done: Vec<_> = agents
-        .iter_mut()
-        .map(|a| a.finish(STALL + Duration::from_secs(40)))
-        .collect();
-    drop(frozen);
+    let done = freeze_and_finish(&mut agents, &log, &fs, STALL + Duration::from_secs(40));
     for d in &done {
         d.assert_code(75);
     }

@@ -343,7 +343,8 @@ mod tests {
         let mut v = Verdict::unknown("test");
         v.kind = kind;
         v.culprits.push(Culprit {
-            at: RankPlace {
+            killable: Some(false),
+            ..Culprit::at(RankPlace {
                 rank: Some(0),
                 node: Some(node.into()),
                 pid: 42,
@@ -351,14 +352,7 @@ mod tests {
                 syscall: Some("write".into()),
                 mount: Some("/gpfs".into()),
                 ..Default::default()
-            },
-            tid: None,
-            killable: Some(false),
-            kernel_stack: None,
-            reason: None,
-            worker: None,
-            exit_code: None,
-            death: None,
+            })
         });
         v
     }

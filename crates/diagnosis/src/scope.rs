@@ -215,7 +215,8 @@ mod tests {
         v.kind = VerdictKind::BlockedInKernel;
         for (i, (node, mount)) in culprits.iter().enumerate() {
             v.culprits.push(Culprit {
-                at: RankPlace {
+                killable: Some(false),
+                ..Culprit::at(RankPlace {
                     rank: Some(i as u32),
                     node: Some(node.to_string()),
                     pid: 42 + i as i32,
@@ -223,14 +224,7 @@ mod tests {
                     mount: Some(mount.to_string()),
                     fstype: Some("gpfs".into()),
                     ..RankPlace::default()
-                },
-                tid: None,
-                killable: Some(false),
-                kernel_stack: None,
-                reason: None,
-                worker: None,
-                exit_code: None,
-                death: None,
+                })
             });
         }
         for (node, mount, responsive) in probes {

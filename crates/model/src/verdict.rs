@@ -290,6 +290,22 @@ pub struct Culprit {
     pub death: Option<crate::RankDeath>,
 }
 
+impl Culprit {
+    /// A culprit at `at`, with nothing else known yet (fill the rest with struct update syntax).
+    pub fn at(at: RankPlace) -> Self {
+        Self {
+            at,
+            tid: None,
+            killable: None,
+            kernel_stack: None,
+            reason: None,
+            worker: None,
+            exit_code: None,
+            death: None,
+        }
+    }
+}
+
 // Reads of a culprit's place (`culprit.rank`, `culprit.state`) go straight to the shared part.
 impl std::ops::Deref for Culprit {
     type Target = RankPlace;
