@@ -588,6 +588,11 @@ fn place(entry: &Entry, ctx: &Ctx) -> RankPlace {
             .worker_of
             .as_ref()
             .map_or(entry.process.rank, |w| w.rank),
+        rank_source: entry
+            .process
+            .worker_of
+            .as_ref()
+            .map_or(entry.process.rank_source, |w| w.rank_source),
         node: node_of(entry, ctx),
         pid: entry.process.pid,
         comm: entry.process.comm.clone(),
