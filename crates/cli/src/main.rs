@@ -36,7 +36,7 @@ enum Command {
     /// Is the filesystem holding PATH responsive? Never blocks longer than the timeout.
     Probe(commands::probe::Args),
     /// The multi-node coordinator: agents of one job join it, it names the hung rank across nodes.
-    Coordinator(commands::coordinator::Args),
+    Coordinator(Box<commands::coordinator::Args>),
     /// Past verdicts kept on this machine, and how often each cause recurred, where and when.
     History(commands::history::Args),
     /// What on this machine would make a hang silent or hangwatch blind.
@@ -83,7 +83,7 @@ fn main() -> ExitCode {
         Command::Kmsg(args) => commands::kmsg::run(args),
         Command::Demo(args) => commands::demo::run(args),
         Command::Probe(args) => commands::probe::run(args),
-        Command::Coordinator(args) => commands::coordinator::run(args),
+        Command::Coordinator(args) => commands::coordinator::run(*args),
         Command::Report(args) => commands::report::run(args),
         Command::Doctor(args) => commands::doctor::run(args),
         Command::History(args) => commands::history::run(args),

@@ -219,6 +219,7 @@ fn workers_stay_with_their_own_nodes_rank_when_pids_repeat() {
             worker_of: Some(WorkerOf {
                 rank_pid: 1000,
                 rank: n.ranks[0].rank,
+                rank_source: None,
                 parent_pid: 1000,
             }),
             threads: vec![thread(2000, 'S', "futex_wait", "futex", socket())],
@@ -325,6 +326,7 @@ fn node_observations_survive_the_wire() {
         worker_of: Some(WorkerOf {
             rank_pid: 1001,
             rank: Some(1),
+            rank_source: None,
             parent_pid: 1001,
         }),
         ..Default::default()

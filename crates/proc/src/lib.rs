@@ -6,6 +6,7 @@
 //! ([`observe_threads`]) and resolving a file to its mount ([`resolve_file_ref`]) are pure functions.
 
 mod clock;
+mod cmdline;
 mod environ;
 mod error;
 mod fdinfo;
@@ -21,7 +22,8 @@ mod syscall;
 mod syscall_table;
 
 pub use clock::{clk_tck, DEFAULT_CLK_TCK};
-pub use environ::{parse_environ, Environ, RankEnv};
+pub use cmdline::{is_multiprocessing_spawn, parse_cmdline};
+pub use environ::{parse_environ, Environ, RankEnv, LAUNCHER_VARIABLES};
 pub use error::{ParseError, ReadError};
 pub use fdinfo::{parse_fdinfo, FdInfo};
 pub use io::{parse_io, IoCounters};
