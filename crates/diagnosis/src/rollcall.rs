@@ -463,6 +463,9 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         &ctx,
     );
     let mut warnings = Vec::new();
+    if let Some(unknown) = ranks_unknown(entries.iter().map(|e| e.process)) {
+        warnings.push(unknown);
+    }
     for node in &nodes_not_seen {
         warnings.push(format!(
             "node {node} was not seen: its observations did not arrive, so its ranks are not in this verdict"
@@ -734,6 +737,24 @@ fn on_nodes(group: &Group, ctx: &Ctx) -> String {
 /// `entries`: the ranks (the first `n_ranks`), then the workers; `culprits` index it. `groups` carry the indices
 /// of their ranks.
 #[allow(clippy::too_many_arguments)]
+/// Once per verdict, in words, when some rank processes have no number: the reader should not have to guess why
+/// `rank` is `null`.
+pub fn ranks_unknown<'a>(
+    processes: impl Iterator<Item = &'a ProcessObservation>,
+) -> Option<String> {
+    let unnumbered = processes
+        .filter(|p| p.worker_of.is_none() && p.rank.is_none())
+        .count();
+    (unnumbered > 0).then(|| {
+        format!(
+            "the rank of {unnumbered} process{} is not known: no RANK, OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK or \
+             SLURM_PROCID in its environment, not started by torch.multiprocessing.spawn or Lightning, and no \
+             report from the hangwatch client (import hangwatch in the training script); it is named by pid",
+            if unnumbered == 1 { "" } else { "es" }
+        )
+    })
+}
+
 fn summarize(
     kind: VerdictKind,
     entries: &[Entry],

@@ -397,3 +397,34 @@ proptest! {
         prop_assert_eq!(groups(&one), groups(&many));
     }
 }
+
+#[test]
+fn ranks_that_cannot_be_known_are_said_once_in_words_and_the_source_of_a_number_is_kept() {
+    let mut culprit = writing_rank("n1", 0, 0);
+    culprit.rank = None;
+    let mut peer = waiting_rank("n1", 1, 1);
+    peer.rank = None;
+    peer.pid = 1001;
+    let v = decide(
+        &[node("n1", vec![culprit, peer])],
+        &DecideOptions::default(),
+    );
+    let said: Vec<&String> = v
+        .warnings
+        .iter()
+        .filter(|w| w.contains("is not known"))
+        .collect();
+    assert_eq!(said.len(), 1, "{:?}", v.warnings);
+    assert!(said[0].contains("2 processes"), "{}", said[0]);
+    assert_eq!(v.culprits[0].rank, None);
+
+    let mut culprit = writing_rank("n1", 0, 0);
+    culprit.rank_source = Some(hangwatch_model::RankSource::EnvSlurm);
+    let v = decide(
+        &[node("n1", vec![culprit, waiting_rank("n1", 1, 1)])],
+        &DecideOptions::default(),
+    );
+    assert!(!v.warnings.iter().any(|w| w.contains("is not known")));
+    let json = serde_json::to_value(&v.culprits[0]).unwrap();
+    assert_eq!(json["rank_source"], "env:SLURM_PROCID");
+}
