@@ -7,8 +7,8 @@ loop-mounted ext4, which the test freezes).
     launchers.py srun-tasks --nproc 4 --log PATH   # 4 tasks with SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS only;
                                                    # RANK is copied from SLURM_PROCID inside Python (idr_torch)
     launchers.py task --log PATH                   # one such task (what srun starts)
-    launchers.py lightning --log PATH [--callback] # Lightning 2.x Trainer(devices=2, strategy="ddp"), checkpoint
-                                                   # directory next to --log
+    launchers.py lightning --log PATH [--callback] # Lightning 2.x Trainer(devices=2, strategy="ddp"), checkpoints
+                                                   # every 5 steps into ckpt/ next to --log
 """
 
 import argparse
@@ -20,7 +20,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "src"))
 
-import hangwatch  # noqa: E402  (its rank watcher reports once torch.distributed is initialized)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
@@ -34,14 +33,22 @@ class Numbers(Dataset):
         return torch.full((4,), float(i % 7))
 
 
+def say(line):
+    """One write per line: the ranks share hangwatch's pipe, and print() writes the newline apart."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def loader():
     return DataLoader(Numbers(), batch_size=4, num_workers=2, persistent_workers=True, multiprocessing_context="fork")
 
 
 def train(rank, world, log, step_time):
+    import hangwatch  # its rank watcher reports once torch.distributed is initialized
+
     torch.set_num_threads(1)
     batches = iter(loader())
-    print(f"rank {rank} of {world} ready (pid {os.getpid()})", flush=True)
+    say(f"rank {rank} of {world} ready (pid {os.getpid()})")
     out = open(log, "a") if rank == 0 and log else None
     step = 0
     while True:
@@ -110,10 +117,9 @@ def lightning(args):
             self.lin = torch.nn.Linear(4, 1)
 
         def training_step(self, batch, i):
-            if self.global_rank == 0 and i == 0:
-                print(f"rank {self.global_rank} of {self.trainer.world_size} ready (pid {os.getpid()})", flush=True)
-            if self.global_rank != 0 and i == 0:
-                print(f"rank {self.global_rank} of {self.trainer.world_size} ready (pid {os.getpid()})", flush=True)
+            if i == 0:
+                say(f"rank {self.global_rank} of {self.trainer.world_size} ready (pid {os.getpid()})")
+            say(f"step {i}")
             time.sleep(args.step_time)
             return self.lin(batch).pow(2).mean()
 
@@ -126,6 +132,7 @@ def lightning(args):
 
     callbacks = []
     if args.callback:
+        # Without it, nothing of hangwatch is imported: the ranks are known by the process tree alone.
         from hangwatch.integrations.lightning import HangwatchCallback
 
         callbacks.append(HangwatchCallback())

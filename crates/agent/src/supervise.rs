@@ -1077,7 +1077,9 @@ impl Supervisor {
         let mut pids: Vec<(i32, Option<u32>)> = self
             .procs
             .iter()
-            .filter(|p| !self.tree_mode || p.discovered)
+            // In tree mode the command itself is a rank only when the rule said so (it carries RANK, or it is
+            // Lightning's first rank).
+            .filter(|p| !self.tree_mode || p.discovered || p.rank.is_some())
             .map(|p| (p.pid, p.rank))
             .collect();
         if pids.is_empty() {

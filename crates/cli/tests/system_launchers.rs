@@ -108,3 +108,77 @@ fn mp_spawn_ranks_frozen_log_names_rank_0() {
 fn srun_style_tasks_with_slurm_procid_only_frozen_log_names_rank_0() {
     rank_0_is_named("srun-tasks", &["env:SLURM_PROCID"]);
 }
+
+/// Lightning 2.x `Trainer(devices=2, strategy="ddp")` run as `python job.py`: rank 0 is the original process,
+/// Lightning starts rank 1 with `LOCAL_RANK=1`. The checkpoint directory freezes under rank 0's next checkpoint.
+fn lightning_rank_0_is_named(callback: bool, expected_source: &str) {
+    let py = require!(torch_python());
+    let has_lightning = std::process::Command::new(py)
+        .args(["-c", "import lightning.pytorch"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_lightning {
+        assert!(
+            !hangwatch_testkit::strict_mode(),
+            "Lightning is not installed in {} (scripts/test installs it)",
+            py.display()
+        );
+        eprintln!("skipped: Lightning is not installed in {}", py.display());
+        return;
+    }
+    let fs = require!(LoopExt4::new(64));
+    let log = fs.path().join("rank0.log");
+    let ckpt = fs.path().join("ckpt");
+    let log_s = log.to_string_lossy().into_owned();
+    let mut args = vec!["lightning", "--log", &log_s];
+    if callback {
+        args.push("--callback");
+    }
+    let mut run = HangwatchRun::start(&["--stall-after", "30s"], &launchers_job(py, &args));
+    let printed = run.wait_for_ranks(2, Duration::from_secs(100));
+    assert!(
+        wait_until(Duration::from_secs(60), POLL, || std::fs::read_dir(&ckpt)
+            .is_ok_and(|d| d.count() >= 1)),
+        "no checkpoint was written:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    let frozen = require!(fs.freeze());
+    let done = run.finish(Duration::from_secs(60));
+    done.assert_code(75);
+    assert_eq!(
+        done.json["kind"],
+        "blocked_in_kernel",
+        "{}",
+        done.describe()
+    );
+    let c = done.culprit(0);
+    assert_eq!(c["pid"], printed[&0], "{}", done.describe());
+    assert_eq!(c["rank_source"], expected_source, "{}", done.describe());
+    assert_eq!(
+        done.rank_pids()
+            .iter()
+            .map(|(r, p)| (*r as u32, *p))
+            .collect::<BTreeMap<u32, u32>>(),
+        printed,
+        "{}",
+        done.describe()
+    );
+    let rank0 = printed[&0];
+    frozen.thaw().expect("thaw");
+    assert!(
+        wait_until(Duration::from_secs(10), POLL, || is_dead(rank0)),
+        "rank 0 (pid {rank0}) did not die after the thaw (state {:?})",
+        process_state(rank0)
+    );
+}
+
+#[test]
+fn lightning_ddp_frozen_checkpoint_names_rank_0_without_the_callback() {
+    lightning_rank_0_is_named(false, "structure");
+}
+
+#[test]
+fn lightning_ddp_frozen_checkpoint_names_rank_0_with_the_callback() {
+    lightning_rank_0_is_named(true, "client");
+}
