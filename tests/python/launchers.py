@@ -7,6 +7,7 @@ loop-mounted ext4, which the test freezes).
     launchers.py srun-tasks --nproc 4 --log PATH   # 4 tasks with SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS only;
                                                    # RANK is copied from SLURM_PROCID inside Python (idr_torch)
     launchers.py task --log PATH                   # one such task (what srun starts)
+    mpirun -np 4 -x MASTER_PORT launchers.py mpi-task --log PATH   # Open MPI tasks (OMPI_COMM_WORLD_RANK)
     launchers.py lightning --log PATH [--callback] # Lightning 2.x Trainer(devices=2, strategy="ddp"), checkpoints
                                                    # every 5 steps into ckpt/ next to --log
 """
@@ -108,6 +109,16 @@ def task(args):
     train(dist.get_rank(), dist.get_world_size(), args.log, args.step_time)
 
 
+def mpi_task(args):
+    # Open MPI's mpirun gives each task OMPI_COMM_WORLD_RANK/_LOCAL_RANK/_SIZE; the script hands them to torch.
+    os.environ["RANK"] = os.environ["OMPI_COMM_WORLD_RANK"]
+    os.environ["LOCAL_RANK"] = os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]
+    os.environ["WORLD_SIZE"] = os.environ["OMPI_COMM_WORLD_SIZE"]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group("gloo")
+    train(dist.get_rank(), dist.get_world_size(), args.log, args.step_time)
+
+
 def lightning(args):
     import lightning.pytorch as pl
 
@@ -145,13 +156,14 @@ def lightning(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["mp-spawn", "srun-tasks", "task", "lightning"])
+    p.add_argument("mode", choices=["mp-spawn", "srun-tasks", "task", "mpi-task", "lightning"])
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--log", default="")
     p.add_argument("--step-time", type=float, default=0.1)
     p.add_argument("--callback", action="store_true")
     args = p.parse_args()
-    {"mp-spawn": mp_spawn, "srun-tasks": srun_tasks, "task": task, "lightning": lightning}[args.mode](args)
+    modes = {"mp-spawn": mp_spawn, "srun-tasks": srun_tasks, "task": task, "mpi-task": mpi_task, "lightning": lightning}
+    modes[args.mode](args)
 
 
 if __name__ == "__main__":

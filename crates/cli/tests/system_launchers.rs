@@ -33,10 +33,18 @@ fn rank_0_is_named(mode: &str, expected_source: &[&str]) {
     let fs = require!(LoopExt4::new(64));
     let log = fs.path().join("rank0.log");
     let log_s = log.to_string_lossy().into_owned();
-    let mut run = HangwatchRun::start(
-        &["--stall-after", STALL_AFTER],
-        &launchers_job(py, &[mode, "--nproc", "4", "--log", &log_s]),
+    let job = launchers_job(py, &[mode, "--nproc", "4", "--log", &log_s]);
+    frozen_rank_0_is_named(
+        HangwatchRun::start(&["--stall-after", STALL_AFTER], &job),
+        &fs,
+        expected_source,
     );
+}
+
+/// Freezes rank 0's log under a started `run` of 4 ranks and checks the verdict (see [`rank_0_is_named`]).
+fn frozen_rank_0_is_named(mut run: HangwatchRun, fs: &LoopExt4, expected_source: &[&str]) {
+    let log = fs.path().join("rank0.log");
+    let log_s = log.to_string_lossy().into_owned();
     let printed = run.wait_for_ranks(4, Duration::from_secs(90));
     assert!(
         wait_until(Duration::from_secs(60), POLL, || lines_in(&log) >= 20),
@@ -107,6 +115,45 @@ fn mp_spawn_ranks_frozen_log_names_rank_0() {
 #[test]
 fn srun_style_tasks_with_slurm_procid_only_frozen_log_names_rank_0() {
     rank_0_is_named("srun-tasks", &["env:SLURM_PROCID"]);
+}
+
+#[test]
+fn mpirun_tasks_frozen_log_names_rank_0() {
+    let py = require!(torch_python());
+    let mpirun = Path::new("/usr/bin/mpirun");
+    if !mpirun.exists() {
+        let missing: hangwatch_testkit::Result<()> =
+            Err(hangwatch_testkit::TestkitError::Missing {
+                tool: "mpirun".into(),
+                hint: "apt-get install openmpi-bin (scripts/test does)",
+            });
+        require!(missing);
+    }
+    let fs = require!(LoopExt4::new(64));
+    let log = fs.path().join("rank0.log");
+    let log_s = log.to_string_lossy().into_owned();
+    let port = hangwatch_testkit::free_tcp_port()
+        .expect("a free port")
+        .to_string();
+    let mut job: Vec<String> = [
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        "4",
+        "-x",
+        "MASTER_PORT",
+        "-x",
+        "PATH",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    job.insert(0, mpirun.to_string_lossy().into_owned());
+    job.extend(launchers_job(py, &["mpi-task", "--log", &log_s]));
+    let mut cmd = hangwatch();
+    cmd.env("MASTER_PORT", &port);
+    let run = HangwatchRun::start_in(cmd, &["--stall-after", STALL_AFTER], &job);
+    frozen_rank_0_is_named(run, &fs, &["env:OMPI_COMM_WORLD_RANK", "client"]);
 }
 
 /// Lightning 2.x `Trainer(devices=2, strategy="ddp")` run as `python job.py`: rank 0 is the original process,
