@@ -734,9 +734,6 @@ fn on_nodes(group: &Group, ctx: &Ctx) -> String {
     }
 }
 
-/// `entries`: the ranks (the first `n_ranks`), then the workers; `culprits` index it. `groups` carry the indices
-/// of their ranks.
-#[allow(clippy::too_many_arguments)]
 /// Once per verdict, in words, when some rank processes have no number: the reader should not have to guess why
 /// `rank` is `null`.
 pub fn ranks_unknown<'a>(
@@ -755,6 +752,9 @@ pub fn ranks_unknown<'a>(
     })
 }
 
+/// `entries`: the ranks (the first `n_ranks`), then the workers; `culprits` index it. `groups` carry the indices
+/// of their ranks.
+#[allow(clippy::too_many_arguments)]
 fn summarize(
     kind: VerdictKind,
     entries: &[Entry],
