@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import hangwatch
-from conftest import child_env, parse
+from conftest import child_env, parse, read_until_sent
 
 
 def test_first_message_is_hello_then_beats_in_order(agent):
@@ -156,3 +156,36 @@ def test_abstract_socket_name(monkeypatch):
         assert parse(receiver.recv(1000)).fields == ["9"]
     finally:
         receiver.close()
+
+
+def test_a_rank_report_says_rank_local_rank_and_world_size_once(agent):
+    from hangwatch import _rank
+
+    _rank._after_fork_in_child()
+    assert hangwatch.report_rank(2, 0, 4)
+    assert not hangwatch.report_rank(2, 0, 4)
+    assert not hangwatch.report_rank(-1)
+    reports = [m for m in read_until_sent(agent) if m.type == "rank"]
+    assert len(reports) == 1
+    assert (reports[0].rank, reports[0].fields) == ("3", ["2", "0", "4", "torch"])
+
+
+def test_the_rank_torch_distributed_knows_is_reported_once_it_is_initialized(agent, monkeypatch):
+    import types
+
+    from hangwatch import _rank
+
+    _rank._after_fork_in_child()
+    dist = types.ModuleType("torch.distributed")
+    state = {"initialized": False}
+    dist.is_available = lambda: True
+    dist.is_initialized = lambda: state["initialized"]
+    dist.get_rank = lambda: 1
+    dist.get_world_size = lambda: 4
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert not _rank.report_from_torch()
+    state["initialized"] = True
+    assert _rank.report_from_torch()
+    reports = [m for m in read_until_sent(agent) if m.type == "rank"]
+    assert [m.fields for m in reports] == [["1", "1", "4", "torch"]]

@@ -87,6 +87,16 @@ pub struct PhaseMessage {
     pub at: Instant,
 }
 
+/// A process of the job said which rank it is (wire type `rank`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientRank {
+    /// The sender, as the kernel gives it.
+    pub pid: i32,
+    pub rank: u32,
+    pub local_rank: Option<u32>,
+    pub world_size: Option<u32>,
+}
+
 /// Where the receiver passes messages on.
 #[derive(Clone)]
 pub struct HeartbeatContext {
@@ -221,6 +231,29 @@ fn receive_loop(socket: UnixDatagram, ctx: HeartbeatContext, stats: Arc<Heartbea
             }
         };
         let header = message.header();
+        if let ClientMessage::Rank {
+            rank,
+            local_rank,
+            world_size,
+            ..
+        } = message
+        {
+            // The process says who it is: this is how a guess from the tree is corrected, so its number is not
+            // checked against the one known so far.
+            drops.observe(sender, header.seq);
+            let report = ClientRank {
+                pid: sender,
+                rank,
+                local_rank,
+                world_size,
+            };
+            if let Err(TrySendError::Disconnected(_)) =
+                ctx.events.try_send(Event::ClientRank(report))
+            {
+                return;
+            }
+            continue;
+        }
         let rank = match (member.rank, header.rank) {
             (Some(known), Some(said)) if known != said => {
                 stats.rejected_wrong_rank.fetch_add(1, Ordering::Relaxed);
@@ -277,7 +310,7 @@ fn receive_loop(socket: UnixDatagram, ctx: HeartbeatContext, stats: Arc<Heartbea
                     sink.push(line.into_bytes());
                 }
             }
-            ClientMessage::Hello { .. } => {}
+            ClientMessage::Hello { .. } | ClientMessage::Rank { .. } => {}
         }
     }
 }

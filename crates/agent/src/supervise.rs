@@ -10,6 +10,7 @@ use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hangwatch_diagnosis::ranks::RankClaim;
 use hangwatch_diagnosis::{
     decide, fast_path_due, thread_blocked, ActivityRule, Blocked, DecideOptions, Detector,
     DetectorConfig, FsStallTracker, ProgressSource, RankSample, StallState, Threshold,
@@ -17,14 +18,16 @@ use hangwatch_diagnosis::{
 use hangwatch_inspect::prepared::PreparedStacks;
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
-use hangwatch_inspect::ranks::{Discovery, RankFinder};
+use hangwatch_inspect::ranks::{ClientReports, Discovery, RankFinder};
 use hangwatch_inspect::rollcall::{take_roll_call, KnownProcess, RollCallOptions};
-use hangwatch_model::{unix_now, ActionRecord, NodeObservations, ProcessObservation, Verdict};
+use hangwatch_model::{
+    unix_now, ActionRecord, NodeObservations, ProcId, ProcessObservation, RankSource, Verdict,
+};
 use hangwatch_proc::ProcFs;
 use nix::sys::signal::Signal;
 
 use crate::evidence::{verdict_files, write_abandonable, Evidence, RunRecord, ThresholdsRecord};
-use crate::heartbeat::{HeartbeatContext, PhaseMessage};
+use crate::heartbeat::{ClientRank, HeartbeatContext, PhaseMessage};
 use crate::human::say;
 use crate::kernel_log::KernelLog;
 use crate::launch::{launch, LaunchSpec, Launched};
@@ -55,6 +58,10 @@ const PREPARE_STACKS_AFTER: Duration = Duration::from_secs(3);
 /// How often the identities of the ranks hangwatch started are read again (a wrapper `exec`s the program, a rank
 /// moves itself into another cgroup): a dead rank's /proc entry is gone, so its death is explained from these.
 const IDENTITY_EVERY: Duration = Duration::from_secs(2);
+
+/// At most this many processes' own reports of their rank are kept (tree mode); only a member inventing
+/// processes could get there.
+const MAX_CLIENT_RANKS: usize = 65_536;
 
 /// Everything the loop needs.
 pub struct RunConfig {
@@ -121,6 +128,8 @@ pub enum Event {
     Terminated(TerminationReport),
     /// A look for ranks below the launcher finished (tree mode).
     Discovered(Discovery),
+    /// A process of the job said which rank it is (its client, once `torch.distributed` is initialized).
+    ClientRank(ClientRank),
     /// The coordinator link: joined, lost, an order.
     Link(LinkEvent),
     /// This node's observations for a roll call the coordinator ordered (answered already; kept for the
@@ -167,6 +176,8 @@ struct JobProc {
     /// Start time (clock ticks since boot): with the pid, who this process is — a reused pid is someone else.
     start: Option<u64>,
     rank: Option<u32>,
+    /// Where `rank` came from.
+    rank_source: Option<RankSource>,
     exit: Option<ExitStatus>,
     exited_at: Option<Instant>,
     /// Found below a launcher rather than started by hangwatch.
@@ -271,6 +282,8 @@ struct Supervisor {
     last_probe_reap: Option<Instant>,
     activity: HashMap<i32, u64>,
     ranks: Arc<Mutex<RankFinder>>,
+    /// What the processes' clients said of their rank (tree mode), by pid and start time.
+    client_ranks: ClientReports,
     /// A look for ranks is under way in a worker.
     discovering: bool,
     heartbeats: Arc<crate::heartbeat::HeartbeatStats>,
@@ -390,6 +403,8 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
             pgid: pid,
             start: procfs.stat(pid).ok().map(|s| s.starttime),
             rank,
+            // `--nproc` gives each rank its RANK.
+            rank_source: rank.map(|_| RankSource::EnvRank),
             exit: None,
             exited_at: None,
             discovered: false,
@@ -448,6 +463,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         last_probe_reap: None,
         activity: HashMap::new(),
         ranks: Arc::new(Mutex::new(RankFinder::new())),
+        client_ranks: ClientReports::new(),
         discovering: false,
         heartbeats: Arc::clone(&socket.stats),
         reaper,
@@ -657,6 +673,10 @@ impl Supervisor {
             }
             Event::Discovered(found) => {
                 self.ranks_found(found);
+                return None;
+            }
+            Event::ClientRank(report) => {
+                self.client_rank(report);
                 return None;
             }
             Event::Observed(observations) => {
@@ -1115,7 +1135,9 @@ impl Supervisor {
         let mut pids: Vec<(i32, Option<u32>)> = self
             .procs
             .iter()
-            .filter(|p| !self.tree_mode || p.discovered)
+            // In tree mode the command itself is a rank only when the rule said so (it carries RANK, or it is
+            // Lightning's first rank).
+            .filter(|p| !self.tree_mode || p.discovered || p.rank.is_some())
             .map(|p| (p.pid, p.rank))
             .collect();
         if pids.is_empty() {
@@ -1178,20 +1200,66 @@ impl Supervisor {
             .map(|p| p.pid)
             .collect();
         let finder = Arc::clone(&self.ranks);
+        let clients = self.client_ranks.clone();
         let events = self.events.clone();
         let spawned = std::thread::Builder::new()
             .name("hw-discover".into())
             .spawn(move || {
-                let found = finder
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .refresh(&ProcFs::new("/proc"), &roots);
+                let found = finder.lock().unwrap_or_else(|e| e.into_inner()).refresh(
+                    &ProcFs::new("/proc"),
+                    &roots,
+                    &clients,
+                );
                 let _ = events.send(Event::Discovered(found));
             });
         match spawned {
             Ok(_) => self.discovering = true,
             Err(e) => tracing::warn!(error = %e, "cannot look for ranks below the launcher"),
         }
+    }
+
+    /// Keeps what a process's client said of its rank, for the next look for ranks (taken at once). With
+    /// `--nproc` hangwatch gave every rank its number, and a report changes nothing.
+    fn client_rank(&mut self, report: ClientRank) {
+        if !self.tree_mode {
+            return;
+        }
+        let Ok(stat) = self.procfs.stat(report.pid) else {
+            return;
+        };
+        let id = ProcId {
+            pid: report.pid,
+            start_time: stat.starttime,
+        };
+        let claim = RankClaim {
+            rank: report.rank,
+            local_rank: report.local_rank,
+            world_size: report.world_size,
+            source: RankSource::Client,
+        };
+        if self.client_ranks.get(&id) == Some(&claim) {
+            return;
+        }
+        // Bounded like every table keyed by what senders say: the processes that are gone make room.
+        if self.client_ranks.len() >= MAX_CLIENT_RANKS {
+            let procfs = &self.procfs;
+            self.client_ranks.retain(|id, _| {
+                procfs
+                    .stat(id.pid)
+                    .is_ok_and(|s| s.starttime == id.start_time)
+            });
+            if self.client_ranks.len() >= MAX_CLIENT_RANKS {
+                return;
+            }
+        }
+        tracing::info!(
+            pid = report.pid,
+            rank = report.rank,
+            "a rank's client said which rank it is"
+        );
+        self.client_ranks.insert(id, claim);
+        self.last_discovery = None;
+        self.discover_ranks();
     }
 
     /// Takes in what a look for ranks found: the outermost processes that carry RANK (their descendants are their
@@ -1220,20 +1288,43 @@ impl Supervisor {
                 tracing::info!(pid = gone.id.pid, rank = gone.rank, "rank exited");
             }
         }
+        for changed in &found.renumbered {
+            if let Some(p) = self.procs.iter_mut().find(|p| {
+                p.pid == changed.id.pid
+                    && p.start.is_none_or(|s| s == changed.id.start_time)
+                    && p.exited_at.is_none()
+            }) {
+                tracing::info!(
+                    pid = p.pid,
+                    was = ?p.rank,
+                    rank = changed.rank,
+                    source = changed.source.as_str(),
+                    "a rank's number changed"
+                );
+                p.rank = Some(changed.rank);
+                p.rank_source = Some(changed.source);
+                self.members.register_live(p.pid, p.rank);
+            }
+        }
         for new in found.new {
             if let Some(p) = self
                 .procs
                 .iter_mut()
                 .find(|p| p.pid == new.id.pid && p.exited_at.is_none())
             {
-                // The command hangwatch started is itself the rank (`hangwatch run -- python train.py` with RANK).
-                p.rank.get_or_insert(new.rank);
+                // The command hangwatch started is itself the rank (`hangwatch run -- python train.py` with RANK,
+                // Lightning's first rank).
+                if p.rank.is_none() {
+                    p.rank = Some(new.rank);
+                    p.rank_source = Some(new.source);
+                }
                 self.members.register_live(p.pid, p.rank);
                 continue;
             }
             tracing::info!(
                 pid = new.id.pid,
                 rank = new.rank,
+                source = new.source.as_str(),
                 "found a rank below the launcher"
             );
             self.members.register_live(new.id.pid, Some(new.rank));
@@ -1243,6 +1334,7 @@ impl Supervisor {
                 pgid: new.pgid,
                 start: Some(new.id.start_time),
                 rank: Some(new.rank),
+                rank_source: Some(new.source),
                 exit: None,
                 exited_at: None,
                 discovered: true,
@@ -1521,6 +1613,7 @@ impl Supervisor {
             .map(|p| {
                 let known = KnownProcess {
                     rank: p.rank,
+                    rank_source: p.rank_source,
                     exited: p.exit.is_some() || p.exited_at.is_some(),
                     exit_code: p.exit.as_ref().map(shell_code),
                     exited_at_unix_s: p.exited_at.map(unix_time_of),

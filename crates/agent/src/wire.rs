@@ -22,6 +22,16 @@ pub enum ClientMessage {
         level: u32,
         text: String,
     },
+    /// "I am rank R of W, local rank L": what the process's own `torch.distributed` (or Lightning) says, once it
+    /// is initialized. An agent that predates it ignores it (an unknown type).
+    Rank {
+        header: Header,
+        rank: u32,
+        local_rank: Option<u32>,
+        world_size: Option<u32>,
+        /// Who told the client (`torch`, `lightning`); free text for the evidence.
+        via: String,
+    },
 }
 
 /// The fields every message has.
@@ -38,7 +48,8 @@ impl ClientMessage {
             ClientMessage::Hello { header, .. }
             | ClientMessage::Beat { header, .. }
             | ClientMessage::Phase { header, .. }
-            | ClientMessage::Log { header, .. } => *header,
+            | ClientMessage::Log { header, .. }
+            | ClientMessage::Rank { header, .. } => *header,
         }
     }
 }
@@ -123,6 +134,16 @@ pub fn parse_datagram(bytes: &[u8]) -> Result<ClientMessage, WireError> {
             level: number(rest.map(str::trim), "level")?,
             text: body.unwrap_or("").to_string(),
         }),
+        "rank" => {
+            let mut parts = rest.unwrap_or("").split(' ');
+            Ok(ClientMessage::Rank {
+                header,
+                rank: number(parts.next(), "rank")?,
+                local_rank: opt_number(parts.next(), "local_rank")?,
+                world_size: opt_number(parts.next(), "world_size")?,
+                via: parts.next().unwrap_or("").to_string(),
+            })
+        }
         other => Err(WireError::UnknownType(other.to_string())),
     }
 }
@@ -134,6 +155,34 @@ mod tests {
 
     fn h(rank: Option<u32>, pid: i32, seq: u64) -> Header {
         Header { rank, pid, seq }
+    }
+
+    #[test]
+    fn parses_a_rank_report() {
+        assert_eq!(
+            parse_datagram(b"hw1 rank - 4242 3 2 0 4 torch"),
+            Ok(ClientMessage::Rank {
+                header: h(None, 4242, 3),
+                rank: 2,
+                local_rank: Some(0),
+                world_size: Some(4),
+                via: "torch".into()
+            })
+        );
+        assert_eq!(
+            parse_datagram(b"hw1 rank 1 7 1 1 - -"),
+            Ok(ClientMessage::Rank {
+                header: h(Some(1), 7, 1),
+                rank: 1,
+                local_rank: None,
+                world_size: None,
+                via: String::new()
+            })
+        );
+        assert_eq!(
+            parse_datagram(b"hw1 rank - 7 1 - - -"),
+            Err(WireError::Field("rank"))
+        );
     }
 
     #[test]

@@ -491,7 +491,10 @@ fn the_coordinator_alerts_once_for_the_job_although_every_node_was_given_the_web
         .expect("an acted alert");
     let text = suspected["body"]["text"].as_str().unwrap();
     assert!(
-        text.starts_with("hangwatch: job job-4242 looks hung — blocked in kernel: rank 0 (node n1"),
+        text.starts_with(
+            "hangwatch: job job-4242 looks hung — blocked in kernel: storage incident: "
+        ) && text.contains("; rank 0 (node n1")
+            && text.contains(". Scope: filesystem ("),
         "{text}"
     );
     let acted_text = acted["body"]["text"].as_str().unwrap();

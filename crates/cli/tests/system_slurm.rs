@@ -189,7 +189,8 @@ fn an_sbatch_job_of_three_nodes_ends_with_75_and_every_node_names_the_frozen_nod
     for t in 0..3 {
         let text = tasks_err(t);
         assert!(
-            text.contains(&format!("blocked in kernel: rank 0 (node {first}, pid")),
+            text.contains("blocked in kernel: storage incident: ")
+                && text.contains(&format!("; rank 0 (node {first}, pid")),
             "task {t} does not name rank 0 on {first}:\n{all}"
         );
         assert!(

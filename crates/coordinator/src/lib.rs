@@ -426,6 +426,7 @@ fn departed_observations(m: &Member) -> NodeObservations {
             pid: e.pid,
             rank: Some(e.rank),
             local_rank: None,
+            rank_source: None,
             node: Some(m.node.clone()),
             comm: None,
             exited: true,

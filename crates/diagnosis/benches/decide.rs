@@ -135,6 +135,7 @@ fn rank(node: &str, rank: u32, local: u32, stuck: bool) -> Vec<ProcessObservatio
             worker_of: Some(WorkerOf {
                 rank_pid: pid,
                 rank: Some(rank),
+                rank_source: None,
                 parent_pid: pid,
             }),
             ..Default::default()

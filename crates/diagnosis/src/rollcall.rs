@@ -465,6 +465,9 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         &ctx,
     );
     let mut warnings = Vec::new();
+    if let Some(unknown) = ranks_unknown(entries.iter().map(|e| e.process)) {
+        warnings.push(unknown);
+    }
     for node in &nodes_not_seen {
         warnings.push(format!(
             "node {node} was not seen: its observations did not arrive, so its ranks are not in this verdict"
@@ -594,6 +597,11 @@ fn place(entry: &Entry, ctx: &Ctx) -> RankPlace {
             .worker_of
             .as_ref()
             .map_or(entry.process.rank, |w| w.rank),
+        rank_source: entry
+            .process
+            .worker_of
+            .as_ref()
+            .map_or(entry.process.rank_source, |w| w.rank_source),
         node: node_of(entry, ctx),
         pid: entry.process.pid,
         comm: entry.process.comm.clone(),
@@ -736,6 +744,24 @@ fn on_nodes(group: &Group, ctx: &Ctx) -> String {
         [one] => format!(" on node {one}"),
         many => format!(" on {} nodes", many.len()),
     }
+}
+
+/// Once per verdict, in words, when some rank processes have no number: the reader should not have to guess why
+/// `rank` is `null`.
+pub fn ranks_unknown<'a>(
+    processes: impl Iterator<Item = &'a ProcessObservation>,
+) -> Option<String> {
+    let unnumbered = processes
+        .filter(|p| p.worker_of.is_none() && p.rank.is_none())
+        .count();
+    (unnumbered > 0).then(|| {
+        format!(
+            "the rank of {unnumbered} process{} is not known: no RANK, OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK or \
+             SLURM_PROCID in its environment, not started by torch.multiprocessing.spawn or Lightning, and no \
+             report from the hangwatch client (import hangwatch in the training script); it is named by pid",
+            if unnumbered == 1 { "" } else { "es" }
+        )
+    })
 }
 
 /// `entries`: the ranks (the first `n_ranks`), then the workers; `culprits` index it. `groups` carry the indices

@@ -219,6 +219,7 @@ fn workers_stay_with_their_own_nodes_rank_when_pids_repeat() {
             worker_of: Some(WorkerOf {
                 rank_pid: 1000,
                 rank: n.ranks[0].rank,
+                rank_source: None,
                 parent_pid: 1000,
             }),
             threads: vec![thread(2000, 'S', "futex_wait", "futex", socket())],
@@ -325,6 +326,7 @@ fn node_observations_survive_the_wire() {
         worker_of: Some(WorkerOf {
             rank_pid: 1001,
             rank: Some(1),
+            rank_source: None,
             parent_pid: 1001,
         }),
         ..Default::default()
@@ -394,4 +396,35 @@ proptest! {
         };
         prop_assert_eq!(groups(&one), groups(&many));
     }
+}
+
+#[test]
+fn ranks_that_cannot_be_known_are_said_once_in_words_and_the_source_of_a_number_is_kept() {
+    let mut culprit = writing_rank("n1", 0, 0);
+    culprit.rank = None;
+    let mut peer = waiting_rank("n1", 1, 1);
+    peer.rank = None;
+    peer.pid = 1001;
+    let v = decide(
+        &[node("n1", vec![culprit, peer])],
+        &DecideOptions::default(),
+    );
+    let said: Vec<&String> = v
+        .warnings
+        .iter()
+        .filter(|w| w.contains("is not known"))
+        .collect();
+    assert_eq!(said.len(), 1, "{:?}", v.warnings);
+    assert!(said[0].contains("2 processes"), "{}", said[0]);
+    assert_eq!(v.culprits[0].rank, None);
+
+    let mut culprit = writing_rank("n1", 0, 0);
+    culprit.rank_source = Some(hangwatch_model::RankSource::EnvSlurm);
+    let v = decide(
+        &[node("n1", vec![culprit, waiting_rank("n1", 1, 1)])],
+        &DecideOptions::default(),
+    );
+    assert!(!v.warnings.iter().any(|w| w.contains("is not known")));
+    let json = serde_json::to_value(&v.culprits[0]).unwrap();
+    assert_eq!(json["rank_source"], "env:SLURM_PROCID");
 }

@@ -589,6 +589,7 @@ fn worker(rank: u32, n: i32) -> ProcessObservation {
         worker_of: Some(WorkerOf {
             rank_pid: 1000 + rank as i32,
             rank: Some(rank),
+            rank_source: None,
             parent_pid: 1000 + rank as i32,
         }),
         ..Default::default()

@@ -95,8 +95,8 @@ pub struct StackReadOutcome {
 enum ChildLine {
     /// The child starts on this pid (so that a hang is attributed to it).
     Begin { pid: i32, step: String },
-    /// The child finished this pid.
-    Done { report: PythonProcessReport },
+    /// The child finished this pid (boxed: a report is much larger than the other lines).
+    Done { report: Box<PythonProcessReport> },
     /// A serving child prepared (or failed to prepare) its reader of this pid.
     Prepared { pid: i32, error: Option<String> },
 }
@@ -420,7 +420,7 @@ impl Reader {
                 Ok(ChildLine::Done { report }) => {
                     self.current = None;
                     self.finished_pids.push(report.pid);
-                    self.done.push(report);
+                    self.done.push(*report);
                 }
                 Ok(ChildLine::Prepared { pid, error }) => {
                     self.current = None;
@@ -628,7 +628,12 @@ impl PreparedReaders {
                 }
             }
         }
-        emit(out, &ChildLine::Done { report })
+        emit(
+            out,
+            &ChildLine::Done {
+                report: Box::new(report),
+            },
+        )
     }
 }
 
@@ -657,12 +662,7 @@ fn identity(
         },
     )?;
     if let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) {
-        report.cmdline = Some(
-            raw.split(|b| *b == 0)
-                .filter(|s| !s.is_empty())
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect(),
-        );
+        report.cmdline = Some(hangwatch_proc::parse_cmdline(&raw));
     }
     Ok(())
 }

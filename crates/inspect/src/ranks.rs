@@ -5,9 +5,11 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use hangwatch_diagnosis::ranks::{find_ranks, EnvFact, TreeNode};
-use hangwatch_model::ProcId;
-use hangwatch_proc::{ProcFs, RankEnv, TaskStat};
+use hangwatch_diagnosis::ranks::{
+    find_ranks, local_rank_only, rank_from_env, EnvFact, ProcFacts, RankClaim, TreeNode,
+};
+use hangwatch_model::{ProcId, RankSource};
+use hangwatch_proc::{is_multiprocessing_spawn, ProcFs, RankEnv, TaskStat};
 
 use crate::pystack::{read_environments, StackReadOptions};
 use crate::rollcall::is_python;
@@ -22,6 +24,9 @@ pub struct FoundRank {
     pub id: ProcId,
     pub rank: u32,
     pub local_rank: Option<u32>,
+    pub world_size: Option<u32>,
+    /// Where the number came from.
+    pub source: RankSource,
     /// Its process group (ranks are signalled by group).
     pub pgid: i32,
 }
@@ -38,23 +43,49 @@ pub struct Discovery {
     /// Ranks reported earlier that turned out to be launchers (processes below them carry other ranks): they
     /// are no longer ranks.
     pub demoted: Vec<FoundRank>,
+    /// Ranks reported earlier whose number or source changed (a client corrected a guess from the structure).
+    pub renumbered: Vec<FoundRank>,
     /// Worker processes alive now (descendants of ranks): they belong to their rank, are never ranks.
     pub workers: usize,
 }
 
+/// What the throwaway child read of one process: the launcher variables of its environment and whether
+/// `multiprocessing`'s spawn started it (its command line).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    pub env: RankEnv,
+    pub spawned: bool,
+}
+
+impl Identity {
+    fn facts(&self) -> ProcFacts {
+        let get = |k: &str| self.env.var(k);
+        ProcFacts {
+            env: rank_from_env(get).map_or(EnvFact::NoRank, EnvFact::Rank),
+            local_only: local_rank_only(get),
+            spawned: self.spawned,
+            client: None,
+        }
+    }
+}
+
 /// Reads a batch of environments; `None` for a process whose environment could not be read.
-pub type EnvReader<'a> = dyn FnMut(&[i32]) -> HashMap<i32, Option<RankEnv>> + 'a;
+pub type EnvReader<'a> = dyn FnMut(&[i32]) -> HashMap<i32, Option<Identity>> + 'a;
+
+/// What ranks' own clients reported, by process: the strongest source (see `hangwatch_diagnosis::ranks`).
+pub type ClientReports = HashMap<ProcId, RankClaim>;
 
 /// Remembers, across looks, what each process of the tree is.
 #[derive(Debug, Default)]
 pub struct RankFinder {
-    env: HashMap<ProcId, EnvFact>,
-    local_ranks: HashMap<ProcId, u32>,
+    env: HashMap<ProcId, ProcFacts>,
     attempts: HashMap<ProcId, u8>,
     /// Read once without RANK: read again on the next look. A process caught between fork and exec (Popen, the
     /// launcher starting a rank) still has its parent's environment, and exec keeps pid and start time.
     recheck: HashSet<ProcId>,
     known_workers: HashSet<ProcId>,
+    /// Numbers the structure gave: kept while the process lives, so that ranks are not renumbered when one exits.
+    structure: HashMap<ProcId, u32>,
     ranks: BTreeMap<ProcId, FoundRank>,
 }
 
@@ -65,22 +96,34 @@ impl RankFinder {
 
     /// Looks at the trees below `roots` (the processes hangwatch started), reading environments in throwaway
     /// children under a 2 s deadline in all.
-    pub fn refresh(&mut self, procfs: &ProcFs, roots: &[i32]) -> Discovery {
+    pub fn refresh(
+        &mut self,
+        procfs: &ProcFs,
+        roots: &[i32],
+        clients: &ClientReports,
+    ) -> Discovery {
         let options = StackReadOptions::for_self().ok().map(|mut o| {
             o.total_timeout = Duration::from_secs(2);
             o
         });
-        let mut read = |pids: &[i32]| -> HashMap<i32, Option<RankEnv>> {
+        let mut read = |pids: &[i32]| -> HashMap<i32, Option<Identity>> {
             let Some(options) = &options else {
                 return HashMap::new();
             };
             read_environments(pids, options)
                 .reports
                 .into_iter()
-                .map(|(pid, report)| (pid, report.rank_env))
+                .map(|(pid, report)| {
+                    let spawned = report
+                        .cmdline
+                        .as_deref()
+                        .is_some_and(is_multiprocessing_spawn);
+                    let identity = report.rank_env.map(|env| Identity { env, spawned });
+                    (pid, identity)
+                })
                 .collect()
         };
-        self.refresh_with(procfs, roots, &mut read)
+        self.refresh_with(procfs, roots, clients, &mut read)
     }
 
     /// [`RankFinder::refresh`] with the environment reader given (tests pass a map).
@@ -88,6 +131,7 @@ impl RankFinder {
         &mut self,
         procfs: &ProcFs,
         roots: &[i32],
+        clients: &ClientReports,
         read_env: &mut EnvReader<'_>,
     ) -> Discovery {
         let stats = procfs.subtree(roots);
@@ -95,7 +139,7 @@ impl RankFinder {
         let present: HashSet<ProcId> = nodes.iter().map(|n| n.id).collect();
         self.env.retain(|id, _| present.contains(id));
         self.attempts.retain(|id, _| present.contains(id));
-        self.local_ranks.retain(|id, _| present.contains(id));
+        self.structure.retain(|id, _| present.contains(id));
         self.recheck.retain(|id| present.contains(id));
         self.known_workers.retain(|id| present.contains(id));
 
@@ -122,20 +166,17 @@ impl RankFinder {
                     .stat(id.pid)
                     .is_ok_and(|s| s.starttime == id.start_time);
                 match found.get(&id.pid) {
-                    Some(Some(env)) if same => {
-                        let fact = env.rank.map_or(EnvFact::NoRank, EnvFact::Rank);
-                        if fact == EnvFact::NoRank && self.env.insert(id, fact).is_none() {
+                    Some(Some(identity)) if same => {
+                        let facts = identity.facts();
+                        if facts.env == EnvFact::NoRank && self.env.insert(id, facts).is_none() {
                             self.recheck.insert(id);
                         }
-                        self.env.insert(id, fact);
-                        if let Some(local) = env.local_rank {
-                            self.local_ranks.insert(id, local);
-                        }
+                        self.env.insert(id, facts);
                     }
                     // Below a known rank a process is a worker whatever it carries; only a launcher with a
                     // stray RANK is told by its children's values, so one try is enough.
                     _ if owned.contains(&id) => {
-                        self.env.insert(id, EnvFact::NoRank);
+                        self.env.insert(id, EnvFact::NoRank.into());
                     }
                     _ => {
                         let tries = self.attempts.entry(id).or_insert(0);
@@ -145,20 +186,30 @@ impl RankFinder {
                                 pid = id.pid,
                                 "cannot read the environment of a process below the launcher; it is not taken for a rank"
                             );
-                            self.env.insert(id, EnvFact::NoRank);
+                            self.env.insert(id, EnvFact::NoRank.into());
                         }
                     }
                 }
             }
         }
 
-        let env = |id: ProcId| match self.env.get(&id) {
-            Some(fact) => *fact,
-            None if not_python.contains(&id) => EnvFact::NoRank,
-            None => EnvFact::Unknown,
+        let facts = |id: ProcId| {
+            let mut facts = match self.env.get(&id) {
+                Some(facts) => *facts,
+                None if not_python.contains(&id) => EnvFact::NoRank.into(),
+                None => EnvFact::Unknown.into(),
+            };
+            facts.client = clients.get(&id).copied();
+            facts
         };
-        let map = find_ranks(&nodes, roots, env, &self.known_workers);
+        let map = find_ranks(&nodes, roots, facts, &self.known_workers, &self.structure);
         self.known_workers.extend(map.workers.iter().map(|w| w.id));
+        self.structure.extend(
+            map.ranks
+                .iter()
+                .filter(|r| r.source == RankSource::Structure)
+                .map(|r| (r.id, r.rank)),
+        );
 
         let pgid_of: HashMap<i32, i32> = stats.iter().map(|s| (s.pid, s.pgrp)).collect();
         let now: BTreeMap<ProcId, FoundRank> = map
@@ -168,7 +219,9 @@ impl RankFinder {
                 let found = FoundRank {
                     id: r.id,
                     rank: r.rank,
-                    local_rank: self.local_ranks.get(&r.id).copied(),
+                    local_rank: r.local_rank,
+                    world_size: r.world_size,
+                    source: r.source,
                     pgid: pgid_of.get(&r.id.pid).copied().unwrap_or(r.id.pid),
                 };
                 (r.id, found)
@@ -179,7 +232,10 @@ impl RankFinder {
             ..Discovery::default()
         };
         for (id, found) in &self.ranks {
-            if now.contains_key(id) {
+            if let Some(current) = now.get(id) {
+                if (current.rank, current.source) != (found.rank, found.source) {
+                    discovery.renumbered.push(current.clone());
+                }
                 continue;
             }
             if present.contains(id) {
@@ -298,11 +354,22 @@ mod tests {
         }
     }
 
-    fn env(rank: Option<u32>) -> Option<RankEnv> {
-        Some(RankEnv {
-            rank,
-            local_rank: rank,
-            ..RankEnv::default()
+    fn env(rank: Option<u32>) -> Option<Identity> {
+        let mut env = RankEnv::default();
+        if let Some(rank) = rank {
+            env.launcher.insert("RANK".into(), rank);
+            env.launcher.insert("LOCAL_RANK".into(), rank);
+        }
+        Some(Identity {
+            env,
+            spawned: false,
+        })
+    }
+
+    fn spawned() -> Option<Identity> {
+        Some(Identity {
+            env: RankEnv::default(),
+            spawned: true,
         })
     }
 
@@ -318,7 +385,7 @@ mod tests {
         fake.add(20, 10, 200, "/usr/bin/python3.12");
         fake.add(21, 20, 210, "/usr/bin/python3.12");
         fake.add(30, 10, 300, "/usr/bin/python3.12");
-        let mut envs: HashMap<i32, Option<RankEnv>> = HashMap::from([
+        let mut envs: HashMap<i32, Option<Identity>> = HashMap::from([
             (10, env(None)),
             (20, env(Some(0))),
             (21, env(Some(0))),
@@ -327,14 +394,19 @@ mod tests {
         let mut finder = RankFinder::new();
         let mut reads: Vec<Vec<i32>> = Vec::new();
         let look = |finder: &mut RankFinder,
-                    envs: &HashMap<i32, Option<RankEnv>>,
+                    envs: &HashMap<i32, Option<Identity>>,
                     reads: &mut Vec<Vec<i32>>| {
-            finder.refresh_with(&fake.procfs(), &[10], &mut |p: &[i32]| {
-                reads.push(p.to_vec());
-                p.iter()
-                    .map(|pid| (*pid, envs.get(pid).cloned().flatten()))
-                    .collect()
-            })
+            finder.refresh_with(
+                &fake.procfs(),
+                &[10],
+                &HashMap::new(),
+                &mut |p: &[i32]| {
+                    reads.push(p.to_vec());
+                    p.iter()
+                        .map(|pid| (*pid, envs.get(pid).cloned().flatten()))
+                        .collect()
+                },
+            )
         };
         let first = look(&mut finder, &envs, &mut reads);
         assert_eq!(pids(&first.ranks), [(20, 0)]);
@@ -374,12 +446,63 @@ mod tests {
                 .map(|pid| (*pid, envs.get(pid).cloned().flatten()))
                 .collect()
         };
-        let first = finder.refresh_with(&fake.procfs(), &[10], &mut read);
+        let first = finder.refresh_with(&fake.procfs(), &[10], &HashMap::new(), &mut read);
         assert_eq!(pids(&first.ranks), [(10, 0)]);
         fake.add(20, 10, 200, "/usr/bin/python3.12");
         fake.add(30, 10, 300, "/usr/bin/python3.12");
-        let second = finder.refresh_with(&fake.procfs(), &[10], &mut read);
+        let second = finder.refresh_with(&fake.procfs(), &[10], &HashMap::new(), &mut read);
         assert_eq!(pids(&second.ranks), [(20, 0), (30, 1)]);
         assert_eq!(pids(&second.demoted), [(10, 0)]);
+    }
+
+    #[test]
+    fn mp_spawn_children_are_ranks_by_start_order_until_their_clients_say_otherwise() {
+        let fake = FakeProc::new();
+        fake.add(10, 1, 100, "/usr/bin/python3.12");
+        fake.add(20, 10, 200, "/usr/bin/python3.12");
+        fake.add(30, 10, 300, "/usr/bin/python3.12");
+        // Rank 0's forked DataLoader worker: same command line, below a rank.
+        fake.add(21, 20, 210, "/usr/bin/python3.12");
+        let envs = HashMap::from([
+            (10, env(None)),
+            (20, spawned()),
+            (30, spawned()),
+            (21, spawned()),
+        ]);
+        let mut finder = RankFinder::new();
+        let mut read = |p: &[i32]| {
+            p.iter()
+                .map(|pid| (*pid, envs.get(pid).cloned().flatten()))
+                .collect()
+        };
+        let first = finder.refresh_with(&fake.procfs(), &[10], &HashMap::new(), &mut read);
+        assert_eq!(pids(&first.ranks), [(20, 0), (30, 1)]);
+        assert!(first
+            .ranks
+            .iter()
+            .all(|r| r.source == RankSource::Structure));
+        assert_eq!(first.workers, 1);
+
+        let clients = HashMap::from([
+            (
+                ProcId {
+                    pid: 20,
+                    start_time: 200,
+                },
+                RankClaim::new(1, RankSource::Client),
+            ),
+            (
+                ProcId {
+                    pid: 30,
+                    start_time: 300,
+                },
+                RankClaim::new(0, RankSource::Client),
+            ),
+        ]);
+        let second = finder.refresh_with(&fake.procfs(), &[10], &clients, &mut read);
+        assert_eq!(pids(&second.ranks), [(30, 0), (20, 1)]);
+        assert_eq!(pids(&second.renumbered), [(20, 1), (30, 0)]);
+        assert!(second.ranks.iter().all(|r| r.source == RankSource::Client));
+        assert!(second.new.is_empty() && second.gone.is_empty());
     }
 }

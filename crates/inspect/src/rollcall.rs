@@ -55,6 +55,8 @@ pub struct RollCall {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KnownProcess {
     pub rank: Option<u32>,
+    /// Where `rank` came from.
+    pub rank_source: Option<hangwatch_model::RankSource>,
     pub exited: bool,
     pub exit_code: Option<i32>,
     pub exited_at_unix_s: Option<f64>,
@@ -232,6 +234,7 @@ pub fn take_roll_call(
             observation.worker_of = Some(WorkerOf {
                 rank_pid: w.rank_pid,
                 rank: None,
+                rank_source: None,
                 parent_pid: w.parent_pid,
             });
             // A worker that exits mid-read is ordinary churn, not a problem with the roll call.
@@ -266,6 +269,7 @@ pub fn take_roll_call(
         obs.node = options.node.clone();
         if let Some(k) = known.get(&obs.pid) {
             obs.rank = k.rank;
+            obs.rank_source = k.rank_source;
             if k.exited {
                 obs.exited = true;
                 obs.exit_code = k.exit_code;
@@ -278,8 +282,13 @@ pub fn take_roll_call(
         }
         if let Some(report) = reports.get(&obs.pid) {
             let env = report.rank_env.as_ref();
-            obs.rank = obs.rank.or_else(|| env.and_then(|e| e.rank));
-            obs.local_rank = env.and_then(|e| e.local_rank);
+            if obs.rank.is_none() {
+                let claim =
+                    env.and_then(|e| hangwatch_diagnosis::ranks::rank_from_env(|k| e.var(k)));
+                obs.rank = claim.map(|c| c.rank);
+                obs.rank_source = claim.map(|c| c.source);
+            }
+            obs.local_rank = obs.local_rank.or_else(|| env.and_then(|e| e.local_rank));
             obs.python = report.threads.clone();
             if !obs.exited {
                 obs.read_issues
@@ -288,14 +297,14 @@ pub fn take_roll_call(
         }
     }
 
-    let rank_of: HashMap<i32, Option<u32>> = observations
+    let rank_of: HashMap<i32, (Option<u32>, Option<hangwatch_model::RankSource>)> = observations
         .iter()
         .filter(|o| o.worker_of.is_none())
-        .map(|o| (o.pid, o.rank))
+        .map(|o| (o.pid, (o.rank, o.rank_source)))
         .collect();
     for obs in &mut observations {
         if let Some(w) = obs.worker_of.as_mut() {
-            w.rank = rank_of.get(&w.rank_pid).copied().flatten();
+            (w.rank, w.rank_source) = rank_of.get(&w.rank_pid).copied().unwrap_or_default();
         }
     }
 

@@ -6,9 +6,12 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessObservation {
     pub pid: i32,
-    /// Global rank (`RANK` in the process's environment), when known.
+    /// Global rank, when known (see `rank_source` for where it came from).
     pub rank: Option<u32>,
     pub local_rank: Option<u32>,
+    /// Where `rank` came from (`env:RANK`, `env:SLURM_PROCID`, `client`, `structure`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_source: Option<RankSource>,
     pub node: Option<String>,
     /// `comm` from /proc/PID/stat (15 characters at most).
     pub comm: Option<String>,
@@ -41,6 +44,55 @@ pub struct ProcessObservation {
     pub death: Option<crate::RankDeath>,
 }
 
+/// Where a process's rank number came from, as the evidence says it. The order in which sources are tried is
+/// `hangwatch_diagnosis::ranks` (docs/run.md, "Who is a rank").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum RankSource {
+    /// The rank's own Python client, once `torch.distributed` was initialized (or Lightning's `global_rank`).
+    #[serde(rename = "client")]
+    Client,
+    /// `RANK` in the process's starting environment (torchrun, accelerate, `--nproc`).
+    #[serde(rename = "env:RANK")]
+    EnvRank,
+    /// `OMPI_COMM_WORLD_RANK` (Open MPI's `mpirun`).
+    #[serde(rename = "env:OMPI_COMM_WORLD_RANK")]
+    EnvOmpi,
+    /// `PMIX_RANK` (PMIx launchers, `srun --mpi=pmix`).
+    #[serde(rename = "env:PMIX_RANK")]
+    EnvPmix,
+    /// `PMI_RANK` (MPICH's and Intel MPI's hydra).
+    #[serde(rename = "env:PMI_RANK")]
+    EnvPmi,
+    /// `SLURM_PROCID` (an `srun` task).
+    #[serde(rename = "env:SLURM_PROCID")]
+    EnvSlurm,
+    /// Guessed from the process tree: the order in which `torch.multiprocessing.spawn` or Lightning started the
+    /// processes. A guess until the client reports.
+    #[serde(rename = "structure")]
+    Structure,
+}
+
+impl RankSource {
+    /// The name the evidence uses (`env:RANK`, `client`, `structure`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RankSource::Client => "client",
+            RankSource::EnvRank => "env:RANK",
+            RankSource::EnvOmpi => "env:OMPI_COMM_WORLD_RANK",
+            RankSource::EnvPmix => "env:PMIX_RANK",
+            RankSource::EnvPmi => "env:PMI_RANK",
+            RankSource::EnvSlurm => "env:SLURM_PROCID",
+            RankSource::Structure => "structure",
+        }
+    }
+}
+
+impl std::fmt::Display for RankSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A process known by its pid and its start time, so that a reused pid is never taken for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ProcId {
@@ -56,6 +108,9 @@ pub struct WorkerOf {
     pub rank_pid: i32,
     /// That rank's number, when known.
     pub rank: Option<u32>,
+    /// Where that number came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_source: Option<RankSource>,
     /// The worker's parent: the rank itself for a direct child.
     pub parent_pid: i32,
 }

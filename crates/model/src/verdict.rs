@@ -235,6 +235,9 @@ impl Verdict {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RankPlace {
     pub rank: Option<u32>,
+    /// Where `rank` came from (`env:RANK`, `env:SLURM_PROCID`, `client`, `structure`); absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_source: Option<crate::RankSource>,
     pub node: Option<String>,
     pub pid: i32,
     #[serde(default)]

@@ -3,6 +3,8 @@
 //! Parser only: reading `environ` takes the target's mmap lock and can block on a stuck process, so
 //! [`crate::ProcFs`] never reads it. The caller reads it in a throwaway child and hands the bytes here.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// The environment of a process, in the order the kernel gave it.
@@ -61,9 +63,40 @@ pub struct RankEnv {
     pub torchelastic_run_id: Option<String>,
     /// `HANGWATCH_SOCKET`: where the rank's client sends heartbeats.
     pub hangwatch_socket: Option<String>,
+    /// Every variable of [`LAUNCHER_VARIABLES`] that is set to a number: what `hangwatch_diagnosis::ranks` picks a
+    /// rank from, in its own order.
+    #[serde(default)]
+    pub launcher: BTreeMap<String, u32>,
 }
 
+/// The numeric variables launchers set to say which rank a process is (torchrun, Lightning, Open MPI, PMIx, PMI,
+/// Slurm). Only these leave the child that reads an environment; the rest may hold secrets.
+pub const LAUNCHER_VARIABLES: &[&str] = &[
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMIX_RANK",
+    "PMIX_LOCAL_RANK",
+    "PMIX_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS",
+];
+
 impl RankEnv {
+    /// A launcher variable, when set to a number.
+    pub fn var(&self, key: &str) -> Option<u32> {
+        self.launcher.get(key).copied()
+    }
+
     pub fn from_environ(env: &Environ) -> RankEnv {
         let number = |keys: &[&str]| keys.iter().find_map(|k| env.get(k)?.trim().parse().ok());
         let text = |key: &str| env.get(key).filter(|v| !v.is_empty()).map(str::to_owned);
@@ -82,6 +115,10 @@ impl RankEnv {
             slurm_procid: number(&["SLURM_PROCID"]),
             torchelastic_run_id: text("TORCHELASTIC_RUN_ID"),
             hangwatch_socket: text("HANGWATCH_SOCKET"),
+            launcher: LAUNCHER_VARIABLES
+                .iter()
+                .filter_map(|k| Some(((*k).to_owned(), number(&[k])?)))
+                .collect(),
         }
     }
 }
@@ -119,10 +156,14 @@ TORCHELASTIC_RUN_ID=job42\0HANGWATCH_SOCKET=/run/hangwatch/agent.sock\0";
 
     #[test]
     fn torchrun_itself_under_srun_is_no_rank() {
-        let env = parse_environ(b"SLURM_PROCID=3\0SLURM_LOCALID=0\0PATH=/bin\0");
+        let env = parse_environ(b"SLURM_PROCID=3\0SLURM_LOCALID=0\0PATH=/bin\0SECRET=1\0");
         let rank = RankEnv::from_environ(&env);
         assert_eq!(rank.rank, None);
         assert_eq!(rank.slurm_procid, Some(3));
+        // The launcher variables are kept for the rank rule, and nothing else.
+        assert_eq!(rank.var("SLURM_PROCID"), Some(3));
+        assert_eq!(rank.var("SLURM_LOCALID"), Some(0));
+        assert_eq!(rank.launcher.len(), 2);
     }
 
     #[test]

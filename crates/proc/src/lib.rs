@@ -7,6 +7,7 @@
 
 mod cgroup;
 mod clock;
+mod cmdline;
 mod environ;
 mod error;
 mod fdinfo;
@@ -26,7 +27,8 @@ pub use cgroup::{
     CgroupVersion, MemoryCgroup, MemoryCgroupState,
 };
 pub use clock::{clk_tck, DEFAULT_CLK_TCK};
-pub use environ::{parse_environ, Environ, RankEnv};
+pub use cmdline::{is_multiprocessing_spawn, parse_cmdline};
+pub use environ::{parse_environ, Environ, RankEnv, LAUNCHER_VARIABLES};
 pub use error::{ParseError, ReadError};
 pub use fdinfo::{parse_fdinfo, FdInfo};
 pub use io::{parse_io, IoCounters};

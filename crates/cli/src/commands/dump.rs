@@ -9,7 +9,9 @@ use hangwatch_diagnosis::{decide, DecideOptions};
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::pystack::StackReadOptions;
 use hangwatch_inspect::ranks::RankFinder;
-use hangwatch_inspect::rollcall::{hostname, is_python, take_roll_call, RollCallOptions};
+use hangwatch_inspect::rollcall::{
+    hostname, is_python, take_roll_call, KnownProcess, RollCallOptions,
+};
 use hangwatch_proc::ProcFs;
 
 use crate::duration::{format_duration, parse_nonzero_duration};
@@ -50,7 +52,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let procfs = ProcFs::new("/proc");
-    let pids = select_pids(&procfs, &args)?;
+    let (pids, known) = select_pids(&procfs, &args)?;
     let mut stacks = StackReadOptions::for_self()
         .context("cannot find the hangwatch binary to read stacks with")?;
     stacks.per_pid_timeout = args.stack_timeout;
@@ -64,7 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         node: hostname(),
     };
     let probe_timeout = args.probe_timeout;
-    let rollcall = take_roll_call(&procfs, &pids, &HashMap::new(), &options, |mounts| {
+    let rollcall = take_roll_call(&procfs, &pids, &known, &options, |mounts| {
         probe_mounts(mounts, probe_timeout)
     });
     tracing::debug!(
@@ -90,7 +92,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn select_pids(procfs: &ProcFs, args: &Args) -> anyhow::Result<Vec<i32>> {
+/// The pids to look at, and what is known of the ranks found below `--tree` (their number and its source: the
+/// structure's numbers are not in any environment).
+fn select_pids(
+    procfs: &ProcFs,
+    args: &Args,
+) -> anyhow::Result<(Vec<i32>, HashMap<i32, KnownProcess>)> {
+    let mut known = HashMap::new();
     if args.pids.is_empty() && args.tree.is_none() {
         return Err(usage(
             "name the ranks: `hangwatch dump --pid PID ...` or `hangwatch dump --tree LAUNCHER_PID`",
@@ -111,7 +119,7 @@ fn select_pids(procfs: &ProcFs, args: &Args) -> anyhow::Result<Vec<i32>> {
                 "no process with pid {root} to search below (check `ps -p {root}`)"
             )));
         }
-        let found = RankFinder::new().refresh(procfs, &[root]);
+        let found = RankFinder::new().refresh(procfs, &[root], &HashMap::new());
         if found.ranks.is_empty() {
             let python: Vec<i32> = procfs
                 .subtree(&[root])
@@ -127,11 +135,21 @@ fn select_pids(procfs: &ProcFs, args: &Args) -> anyhow::Result<Vec<i32>> {
             pids.extend(python);
         } else {
             pids.extend(found.ranks.iter().map(|r| r.id.pid));
+            known.extend(found.ranks.iter().map(|r| {
+                let rank = KnownProcess {
+                    rank: Some(r.rank),
+                    rank_source: Some(r.source),
+                    exited: false,
+                    exit_code: None,
+                    exited_at_unix_s: None,
+                };
+                (r.id.pid, rank)
+            }));
         }
     }
     pids.sort_unstable();
     pids.dedup();
-    Ok(pids)
+    Ok((pids, known))
 }
 
 /// Probes each mount in a sacrificial child, different mounts in parallel, each under `timeout`.

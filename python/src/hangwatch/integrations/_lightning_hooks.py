@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hangwatch import _client
+from hangwatch import _client, _rank
 from hangwatch.integrations._phases import CHECKPOINT, EVALUATION, OpenPhases
 
 
@@ -22,6 +22,15 @@ class LightningHooks:
 
     def __init__(self) -> None:
         self._phases = OpenPhases()
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # Lightning knows the rank before torch.distributed is set up; the agent may know only the process tree.
+        _rank.report(
+            getattr(trainer, "global_rank", None),
+            getattr(trainer, "local_rank", None),
+            getattr(trainer, "world_size", None),
+            "lightning",
+        )
 
     def on_train_batch_start(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
         self._phases.end(CHECKPOINT)
