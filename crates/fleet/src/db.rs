@@ -363,7 +363,7 @@ impl FleetDb {
                 "SELECT COUNT(DISTINCT COALESCE(job_id, 'row:' || id)), MIN(at_unix_s), MAX(at_unix_s)
                  FROM fleet_verdicts
                  WHERE fingerprint = $1 AND at_unix_s <= $2 AND ship_key <> $3
-                   AND NOT ($4::text IS NOT NULL AND job_id = $4 AND at_unix_s >= $2 - $5)",
+                   AND NOT ($4::text IS NOT NULL AND job_id = $4 AND at_unix_s >= $2::float8 - $5::float8)",
                 &[
                     &verdict.fingerprint,
                     &verdict.at_unix_s,
@@ -379,7 +379,7 @@ impl FleetDb {
             .query(
                 "SELECT node, culprit_nodes, job_id, at_unix_s FROM fleet_verdicts
                  WHERE fingerprint = $1 AND at_unix_s <= $2 AND ship_key <> $3
-                   AND NOT ($4::text IS NOT NULL AND job_id = $4 AND at_unix_s >= $2 - $5)
+                   AND NOT ($4::text IS NOT NULL AND job_id = $4 AND at_unix_s >= $2::float8 - $5::float8)
                  ORDER BY at_unix_s DESC LIMIT $6",
                 &[
                     &verdict.fingerprint,
@@ -415,7 +415,7 @@ impl FleetDb {
                          WHERE kind = 'blocked_in_kernel' AND mount_point = $1
                            AND fstype IS NOT DISTINCT FROM $2
                            AND ($3::text IS NULL OR mount_source IS NULL OR mount_source = $3)
-                           AND at_unix_s >= $4 - $5 AND at_unix_s <= $4 AND ship_key <> $6
+                           AND at_unix_s >= $4::float8 - $5::float8 AND at_unix_s <= $4 AND ship_key <> $6
                          ORDER BY at_unix_s LIMIT $7",
                         &[
                             mount,

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! __record-history: local record --> line 1: local recurrence (the answer if the fleet never does)
-//!                   [thread] connect -> ship this verdict -> lookup --> line 2: fleet recurrence (+incident)
+//!                   [thread] connect -> ship it (+100 that waited) -> lookup --> line 2: fleet recurrence (+incident)
 //!                            -> ship the backlog, mark it shipped       (within what is left of the deadline)
 //! ```
 //!
@@ -25,6 +25,8 @@ use crate::db::FleetDb;
 
 /// Rows shipped per transaction.
 const SHIP_BATCH: usize = 500;
+/// Rows that waited, shipped with a new verdict before its lookup (the rest follow after the answer).
+const SHIP_BEFORE_LOOKUP: usize = 100;
 
 /// What a shipping pass did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -108,10 +110,16 @@ fn fleet_worker(
             .ok_or_else(|| format!("verdict {own_id} is gone from {}", db.display()))?;
         let mut fleet =
             FleetDb::connect(target, &ProcessEnv, budget).map_err(|e| error_chain(&e))?;
-        fleet
-            .ship(std::slice::from_ref(&own))
+        // What waited ships with it, so that the lookup counts it (a bounded batch: the rest after the answer).
+        let mut batch = local
+            .pending(SHIP_BEFORE_LOOKUP)
             .map_err(|e| error_chain(&e))?;
-        local.mark_shipped(&[own.id]).map_err(|e| error_chain(&e))?;
+        if !batch.iter().any(|v| v.id == own.id) {
+            batch.push(own.clone());
+        }
+        fleet.ship(&batch).map_err(|e| error_chain(&e))?;
+        let ids: Vec<i64> = batch.iter().map(|v| v.id).collect();
+        local.mark_shipped(&ids).map_err(|e| error_chain(&e))?;
         let recurrence = fleet
             .lookup(&own, target.incident_window_s)
             .map_err(|e| error_chain(&e))?;
