@@ -132,6 +132,9 @@ mod tests {
         assert_eq!(last_answer(b""), None);
         // A pretty-printed document from an older child is one answer without a line end.
         let pretty = "{\n  \"fingerprint\": \"k\",\n  \"seen_before\": 2,\n  \"last_nodes\": [],\n  \"last_at_unix_s\": null,\n  \"first_at_unix_s\": null\n}\n";
-        assert_eq!(last_answer(pretty.as_bytes()).map(|r| r.seen_before), Some(2));
+        assert_eq!(
+            last_answer(pretty.as_bytes()).map(|r| r.seen_before),
+            Some(2)
+        );
     }
 }

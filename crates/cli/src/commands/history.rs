@@ -8,8 +8,8 @@ use std::time::Duration;
 use hangwatch_agent::human::say;
 use hangwatch_fleet::{FleetCause, FleetDb, FleetEntry, FleetMount, FleetQuery, ProcessEnv};
 use hangwatch_history::{utc_time, CauseSummary, HistoryDb, HistoryEntry, Query};
-use std::io::Write;
 use serde::Serialize;
+use std::io::Write;
 
 use crate::exit::usage;
 
@@ -387,7 +387,9 @@ fn fleet_mount_table(mounts: &[FleetMount]) -> String {
         })
         .collect();
     render_table(
-        &["MOUNT", "FSTYPE", "BLOCKED", "JOBS", "NODES", "FIRST", "LAST"],
+        &[
+            "MOUNT", "FSTYPE", "BLOCKED", "JOBS", "NODES", "FIRST", "LAST",
+        ],
         &rows,
     )
 }

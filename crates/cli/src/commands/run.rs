@@ -238,7 +238,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 crate::dirs::history_db_path(),
                 fleet.clone(),
             ),
-            Err(e) => tracing::warn!(error = %e, "cannot ship waiting verdicts: where is this hangwatch?"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ship waiting verdicts: where is this hangwatch?")
+            }
         }
     }
     let alerter = std::sync::Arc::new(args.alerts.alerter()?);
