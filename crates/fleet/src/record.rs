@@ -38,7 +38,7 @@ pub struct ShipReport {
 }
 
 enum Step {
-    Looked(Result<Recurrence, String>),
+    Looked(Result<Box<Recurrence>, String>),
     Shipped(Result<ShipReport, String>),
 }
 
@@ -69,7 +69,7 @@ pub fn record_child_main(
     }
     let mut local = recorded.recurrence;
     let fleet = match rx.recv_timeout(budget) {
-        Ok(Step::Looked(Ok(recurrence))) => recurrence,
+        Ok(Step::Looked(Ok(recurrence))) => *recurrence,
         Ok(Step::Looked(Err(why))) => {
             local.fleet_unavailable = Some(why);
             local
@@ -127,7 +127,7 @@ fn fleet_worker(
     })();
     let (mut fleet, mut local) = match looked {
         Ok((fleet, local, recurrence)) => {
-            let _ = tx.send(Step::Looked(Ok(recurrence)));
+            let _ = tx.send(Step::Looked(Ok(Box::new(recurrence))));
             (fleet, local)
         }
         Err(why) => {

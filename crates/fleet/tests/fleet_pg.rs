@@ -309,3 +309,147 @@ fn a_role_with_only_insert_and_select_ships_and_looks_up() {
     assert_eq!(answer.source, RecurrenceSource::Fleet, "{answer:?}");
     assert_eq!(answer.seen_before, 1);
 }
+
+/// The fleet database at 100,000 verdicts (SPEC target: record and recurrence lookup p99 < 50 ms; never delays a
+/// verdict past its deadline). Prints numbers, asserts none: `cargo test -p hangwatch-fleet --test fleet_pg
+/// measure -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, run by hand"]
+fn measure_record_and_lookup_at_100k_verdicts() {
+    let server = require!(PostgresServer::start());
+    let fleet = target(&server, 10.0);
+    FleetDb::connect(&fleet, &ProcessEnv, Duration::from_secs(10)).expect("schema");
+    let now = unix_now();
+    let loaded = Instant::now();
+    // 100 causes on 50 mounts, 2,000 nodes, 20,000 jobs, over 90 days.
+    server
+        .psql(&format!(
+            "INSERT INTO fleet_verdicts (ship_key, at_unix_s, fingerprint, kind, syscall, fstype, mount, kernel_wait,
+                python_frame, mount_point, summary, node, culprit_nodes, job_id)
+             SELECT 'bulk/' || i, {now} - 90 * 86400 * random(), 'cause' || (i % 100), 'blocked_in_kernel', 'write',
+                'gpfs', '/mnt/fs' || (i % 50), 'percpu_rwsem_wait', 'write_log (rank.py)', '/mnt/fs' || (i % 50),
+                'rank 0 blocked', 'n' || (i % 2000), ARRAY['n' || (i % 2000)], (i % 20000)::text
+             FROM generate_series(1, 100000) AS i;
+             ANALYZE fleet_verdicts;"
+        ))
+        .expect("bulk insert");
+    println!(
+        "bulk insert of 100,000 verdicts: {:.1} s",
+        loaded.elapsed().as_secs_f64()
+    );
+
+    let mut db = FleetDb::connect(&fleet, &ProcessEnv, Duration::from_secs(10)).expect("connect");
+    let template = {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut local = HistoryDb::open(&dir.path().join("h.sqlite")).expect("local");
+        let v = verdict("n1", "/mnt/fs7");
+        let request = HistoryRequest::new(&v, "n1", Some("x".into()), None, now);
+        let id = request
+            .record_entry(&dir.path().join("h.sqlite"))
+            .expect("local")
+            .id;
+        let _ = &mut local;
+        local.for_shipping_by_id(id).expect("row").expect("row")
+    };
+    let (mut ship_ms, mut lookup_ms) = (Vec::new(), Vec::new());
+    for i in 0..500 {
+        let mut v = template.clone();
+        v.id = 1_000_000 + i;
+        v.fingerprint = format!("cause{}", i % 100);
+        v.mount_point = Some(format!("/mnt/fs{}", i % 50));
+        v.at_unix_s = now + i as f64;
+        v.job_id = Some(format!("new{i}"));
+        let started = Instant::now();
+        db.ship(std::slice::from_ref(&v)).expect("ship");
+        ship_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        let started = Instant::now();
+        let r = db.lookup(&v, 900.0).expect("lookup");
+        lookup_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        assert!(r.seen_before > 0);
+    }
+    println!(
+        "ship one verdict (in-process, open connection): {}",
+        percentiles(&mut ship_ms)
+    );
+    println!(
+        "recurrence + incident lookup (in-process): {}",
+        percentiles(&mut lookup_ms)
+    );
+
+    let mut connect_ms = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        FleetDb::connect(&fleet, &ProcessEnv, Duration::from_secs(10)).expect("connect");
+        connect_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    println!(
+        "connect (SCRAM-SHA-256, schema check): {}",
+        percentiles(&mut connect_ms)
+    );
+
+    // The whole recording as `run`'s child does it: local SQLite, connect (scram), ship, lookup, backlog.
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut whole_ms = Vec::new();
+    for i in 0..100 {
+        let (answers, took) = record(
+            &root.path().join(format!("n{i}")),
+            &format!("m{i}"),
+            &format!("j{i}"),
+            now + 600.0 + i as f64,
+            Some(fleet.clone()),
+            "/mnt/fs7",
+        );
+        assert_eq!(
+            answers.last().expect("answer").source,
+            RecurrenceSource::Fleet
+        );
+        whole_ms.push(took.as_secs_f64() * 1000.0);
+    }
+    println!(
+        "whole recording with a new connection (record_child_main): {}",
+        percentiles(&mut whole_ms)
+    );
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming() {
+            held.push(stream);
+        }
+    });
+    let silent = FleetTarget {
+        url: format!("postgresql://hw@127.0.0.1:{port}/fleet"),
+        password_file: None,
+        incident_window_s: 900.0,
+        deadline_s: 2.0,
+    };
+    let mut waited_ms = Vec::new();
+    for i in 0..5 {
+        let (_, took) = record(
+            root.path(),
+            "n1",
+            &format!("s{i}"),
+            now,
+            Some(silent.clone()),
+            "/gpfs",
+        );
+        waited_ms.push(took.as_secs_f64() * 1000.0);
+    }
+    println!(
+        "a verdict's recording against a database that never answers (deadline 2000 ms): {}",
+        percentiles(&mut waited_ms)
+    );
+}
+
+fn percentiles(ms: &mut [f64]) -> String {
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
+    format!(
+        "p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (n={})",
+        at(0.5),
+        at(0.99),
+        at(1.0),
+        ms.len()
+    )
+}
