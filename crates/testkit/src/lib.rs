@@ -1,7 +1,7 @@
 //! The kit every hangwatch system test stands on: filesystems that really hang (a frozen loop-mounted ext4, a
 //! FUSE mount whose daemon is stopped), a PostgreSQL server of the test's own ([`PostgresServer`]), Python rank
-//! processes that step through a TCP barrier, cluster nodes emulated as network namespaces ([`TestNetwork`]), and guards that clean all of it up when the test ends,
-//! panics, or is killed.
+//! processes that step through a TCP barrier, cluster nodes emulated as network namespaces ([`TestNetwork`]), and
+//! guards that clean all of it up when the test ends, panics, or is killed.
 //!
 //! Every guard cleans up in `Drop` without ever blocking forever (helpers run under deadlines; processes stuck
 //! in D state are left rather than waited for). Fixtures that need root or missing tools return errors for which
