@@ -76,12 +76,8 @@ pub fn verdict_text(v: &Verdict) -> String {
     if let Some(stalled) = v.stalled_for_s {
         let _ = writeln!(s, "  progress stopped {stalled:.1}s ago");
     }
-    if let Some(seen) = v.recurrence.as_ref().filter(|r| r.seen_before > 0) {
-        let _ = writeln!(
-            s,
-            "  this cause was {} (hangwatch history)",
-            seen.sentence()
-        );
+    if let Some(news) = v.recurrence.as_ref().and_then(|r| r.news()) {
+        let _ = writeln!(s, "  {news} (hangwatch history)");
     }
     for c in &v.culprits {
         let who = match c.rank {

@@ -48,7 +48,8 @@ pub const EXIT_HUNG: i32 = 75;
 const EVIDENCE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// How long recording a verdict in the node's history may take (typically 20-50 ms): it comes before the
-/// evidence and the alert, which say how often the cause was seen, so a locked database costs at most this.
+/// evidence and the alert, which say how often the cause was seen, so a locked database costs at most this. With a
+/// fleet database the child gives that at most its own deadline (2 s) of these, then answers with the node's own.
 const HISTORY_DEADLINE: Duration = Duration::from_secs(3);
 
 /// A new set of ranks is given to the stack readers once it has been the same for this long: the interpreters
@@ -91,6 +92,9 @@ pub struct RunConfig {
     /// The node's verdict history (SQLite): each verdict kept as evidence is recorded there, and says how often
     /// its cause was seen before. `None`: not recorded.
     pub history_db: Option<PathBuf>,
+    /// The fleet database each recorded verdict is shipped to, and its cause looked up in across nodes and
+    /// jobs (docs/history.md); `None`: this node's history only.
+    pub history_fleet: Option<hangwatch_history::FleetTarget>,
     /// A rank that failed while its peers go on: how long before that is treated as a hang.
     pub failed_rank_grace: Duration,
     /// The fast path (`--fs-stall`): a rank in a filesystem wait (or stopped) with its I/O still this long, while
@@ -1655,6 +1659,7 @@ impl Supervisor {
             program: self.program.clone(),
             alerter: Arc::clone(&self.config.alerter),
             history_db: self.config.history_db.clone(),
+            history_fleet: self.config.history_fleet.clone(),
             job_id: self.config.job_id.clone(),
             node: self.config.node.clone(),
             dead: self.dead_ranks(),
@@ -1864,6 +1869,7 @@ struct InvestigationJob {
     program: PathBuf,
     alerter: Arc<Alerter>,
     history_db: Option<PathBuf>,
+    history_fleet: Option<hangwatch_history::FleetTarget>,
     job_id: Option<String>,
     node: Option<String>,
     /// The ranks hangwatch started that have exited, with how.
@@ -1989,6 +1995,16 @@ impl InvestigationJob {
         if verdict.activity.is_none() {
             verdict.recurrence = self.record_history(&verdict);
         }
+        // Other jobs or nodes blocked on the same mount in the last minutes: a storage incident, which one node
+        // alone could not tell.
+        if let Some(incident) = verdict
+            .recurrence
+            .as_ref()
+            .and_then(|r| r.incident.as_ref())
+        {
+            let sightings = incident.sightings(Some(unix_now()));
+            hangwatch_diagnosis::apply_scope(&mut verdict, &sightings);
+        }
         self.run.rollcall = crate::evidence::RollCallRecord::of(observations);
         let processes: Vec<ProcessObservation> = observations.processes().cloned().collect();
         let evidence = Evidence {
@@ -2043,13 +2059,16 @@ impl InvestigationJob {
             self.job_id.clone(),
             Some(self.report_dir.clone()),
             unix_now(),
-        );
+        )
+        .with_fleet(self.history_fleet.clone());
         match crate::history::record_abandonable(&self.program, db, &request, HISTORY_DEADLINE) {
             Ok(recurrence) => {
-                if recurrence.seen_before > 0 {
+                if let Some(news) = recurrence.news() {
+                    say(format!("hangwatch: {news} (hangwatch history)"));
+                }
+                if let Some(why) = &recurrence.fleet_unavailable {
                     say(format!(
-                        "hangwatch: this cause was {} (hangwatch history)",
-                        recurrence.sentence()
+                        "hangwatch: warning: the fleet database did not answer, the recurrence is this node's: {why}"
                     ));
                 }
                 Some(recurrence)

@@ -129,13 +129,15 @@ impl Alert {
                 .collect();
             line.push_str(&format!(". Done: {}", done.join("; ")));
         }
-        if let Some(seen) = self
-            .verdict
-            .recurrence
-            .as_ref()
-            .filter(|r| r.seen_before > 0)
-        {
-            line.push_str(&format!(". This cause was {}", seen.sentence()));
+        if let Some(news) = self.verdict.recurrence.as_ref().and_then(|r| r.news()) {
+            let mut chars = news.chars();
+            let capitalized: String = chars
+                .next()
+                .map(|c| c.to_ascii_uppercase())
+                .into_iter()
+                .chain(chars)
+                .collect();
+            line.push_str(&format!(". {capitalized}"));
         }
         if let Some(evidence) = &self.evidence {
             line.push_str(&format!(". Evidence: {evidence}"));

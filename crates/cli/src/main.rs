@@ -5,6 +5,7 @@ mod commands;
 mod dirs;
 mod duration;
 mod exit;
+mod fleet;
 mod output;
 mod requeue;
 mod size;
@@ -67,6 +68,9 @@ enum Command {
     /// Internal: record a verdict in the node's history in a process `run` can abandon.
     #[command(name = "__record-history", hide = true)]
     RecordHistory(commands::history::RecordArgs),
+    /// Internal: ship the verdicts that wait in the node's history to the fleet database (at `run` start).
+    #[command(name = "__ship-history", hide = true)]
+    ShipHistory(commands::history::ShipArgs),
     /// Internal: write the node_exporter metrics textfile in a process `run` can abandon.
     #[command(name = "__write-textfile", hide = true)]
     WriteTextfile(commands::metrics::TextfileArgs),
@@ -95,6 +99,7 @@ fn main() -> ExitCode {
         Command::JobReaper(args) => commands::job_children::run_reaper(args),
         Command::WriteEvidence(args) => commands::job_children::run_evidence_writer(args),
         Command::RecordHistory(args) => commands::history::run_record(args),
+        Command::ShipHistory(args) => commands::history::run_ship(args),
         Command::WriteTextfile(args) => commands::metrics::run_textfile_writer(args),
     };
     exit::finish(result)
@@ -136,6 +141,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::JobReaper(_) => "__job-reaper",
         Command::WriteEvidence(_) => "__write-evidence",
         Command::RecordHistory(_) => "__record-history",
+        Command::ShipHistory(_) => "__ship-history",
         Command::WriteTextfile(_) => "__write-textfile",
     }
 }

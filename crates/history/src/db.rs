@@ -49,6 +49,13 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (verdict_id, pos)
     );
     CREATE INDEX culprit_nodes_by_node ON culprit_nodes (node);",
+    // 2: the fleet database (crates/fleet): the culprit's mount as it was (an incident is one filesystem, not a
+    // normalized cause), and whether the row reached the fleet database. Rows from before wait to be shipped
+    // too: a fleet database set later learns the node's past.
+    "ALTER TABLE verdicts ADD COLUMN mount_point TEXT;
+    ALTER TABLE verdicts ADD COLUMN mount_source TEXT;
+    ALTER TABLE verdicts ADD COLUMN shipped INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX verdicts_unshipped ON verdicts (id) WHERE shipped = 0;",
 ];
 
 /// The schema version this build writes.
@@ -115,6 +122,35 @@ pub struct NewEntry<'a> {
     /// The evidence bundle's directory.
     pub bundle: Option<PathBuf>,
     pub at_unix_s: f64,
+}
+
+/// A recorded verdict as the fleet database takes it (`hangwatch_fleet`): every column of its row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingVerdict {
+    /// The row's id in this node's database.
+    pub id: i64,
+    pub at_unix_s: f64,
+    pub fingerprint: String,
+    pub fields: Fingerprint,
+    /// The first culprit's mount point as it was (not normalized).
+    pub mount_point: Option<String>,
+    /// Its source (device, server:/export), when recorded.
+    pub mount_source: Option<String>,
+    pub summary: String,
+    pub node: String,
+    pub culprit_nodes: Vec<String>,
+    pub job_id: Option<String>,
+    pub bundle: Option<PathBuf>,
+    pub stalled_for_s: Option<f64>,
+}
+
+/// What [`HistoryDb::record_entry`] stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    /// The new row's id.
+    pub id: i64,
+    /// How often its cause was recorded before, on this node.
+    pub recurrence: Recurrence,
 }
 
 /// Which verdicts to list.
@@ -289,6 +325,12 @@ impl HistoryDb {
 
     /// Stores one verdict and says how often its cause was recorded before it.
     pub fn record(&mut self, entry: &NewEntry<'_>) -> Result<Recurrence, HistoryError> {
+        self.record_entry(entry).map(|r| r.recurrence)
+    }
+
+    /// [`HistoryDb::record`], with the new row's id. The row waits to be shipped to the fleet database
+    /// ([`HistoryDb::pending`]).
+    pub fn record_entry(&mut self, entry: &NewEntry<'_>) -> Result<Recorded, HistoryError> {
         let key = entry.fingerprint.key();
         let culprit_nodes = culprit_nodes(entry);
         let path = self.path.clone();
@@ -325,8 +367,8 @@ impl HistoryDb {
         let fp = &entry.fingerprint;
         tx.execute(
             "INSERT INTO verdicts (at_unix_s, fingerprint, kind, syscall, fstype, mount, kernel_wait, python_frame,
-                summary, node, job_id, bundle, stalled_for_s)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                summary, node, job_id, bundle, stalled_for_s, mount_point, mount_source)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, NULL)",
             params![
                 entry.at_unix_s,
                 key,
@@ -341,6 +383,12 @@ impl HistoryDb {
                 entry.job_id,
                 entry.bundle.as_ref().map(|b| b.to_string_lossy().into_owned()),
                 entry.verdict.stalled_for_s,
+                entry
+                    .verdict
+                    .culprits
+                    .first()
+                    .and_then(|c| c.mount.as_deref())
+                    .filter(|m| !m.trim().is_empty()),
             ],
         )
         .map_err(err)?;
@@ -353,13 +401,107 @@ impl HistoryDb {
             .map_err(err)?;
         }
         tx.commit().map_err(err)?;
-        Ok(Recurrence {
+        let recurrence = Recurrence {
             fingerprint: key,
             seen_before: seen_before.max(0) as u64,
             last_nodes,
             last_at_unix_s,
             first_at_unix_s: first,
-        })
+            node: Some(entry.node.clone()),
+            at_unix_s: Some(entry.at_unix_s),
+            mount: entry.fingerprint.mount.clone(),
+            ..Recurrence::default()
+        };
+        Ok(Recorded { id, recurrence })
+    }
+
+    /// Verdicts not yet in the fleet database, oldest first, at most `limit`.
+    pub fn pending(&self, limit: usize) -> Result<Vec<PendingVerdict>, HistoryError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.for_shipping("shipped = 0 ORDER BY id LIMIT ?1", limit)
+    }
+
+    /// The row `id` as the fleet database takes it, shipped or not.
+    pub fn for_shipping_by_id(&self, id: i64) -> Result<Option<PendingVerdict>, HistoryError> {
+        self.for_shipping("id = ?1", id)
+            .map(|rows| rows.into_iter().next())
+    }
+
+    fn for_shipping(
+        &self,
+        condition: &str,
+        param: i64,
+    ) -> Result<Vec<PendingVerdict>, HistoryError> {
+        let run = || -> rusqlite::Result<Vec<PendingVerdict>> {
+            let mut stmt = self.conn.prepare(&format!(
+                "SELECT id, at_unix_s, fingerprint, kind, syscall, fstype, mount, kernel_wait, python_frame,
+                    mount_point, mount_source, summary, node, job_id, bundle, stalled_for_s
+                 FROM verdicts WHERE {condition}"
+            ))?;
+            let rows = stmt.query_map([param], |row| {
+                let fields = Fingerprint {
+                    kind: kind_from(row.get::<_, String>(3)?),
+                    syscall: row.get(4)?,
+                    fstype: row.get(5)?,
+                    mount: row.get(6)?,
+                    kernel_wait: row.get(7)?,
+                    python_frame: row.get(8)?,
+                };
+                Ok(PendingVerdict {
+                    id: row.get(0)?,
+                    at_unix_s: row.get(1)?,
+                    fingerprint: row.get(2)?,
+                    fields,
+                    mount_point: row.get(9)?,
+                    mount_source: row.get(10)?,
+                    summary: row.get(11)?,
+                    node: row.get(12)?,
+                    culprit_nodes: Vec::new(),
+                    job_id: row.get(13)?,
+                    bundle: row.get::<_, Option<String>>(14)?.map(PathBuf::from),
+                    stalled_for_s: row.get(15)?,
+                })
+            })?;
+            let mut pending = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+            for verdict in &mut pending {
+                verdict.culprit_nodes = nodes_of(&self.conn, verdict.id)?;
+            }
+            Ok(pending)
+        };
+        run().map_err(|e| self.classify(e, "read"))
+    }
+
+    /// How many verdicts wait to be shipped to the fleet database.
+    pub fn pending_count(&self) -> Result<u64, HistoryError> {
+        self.conn
+            .query_row("SELECT COUNT(*) FROM verdicts WHERE shipped = 0", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n.max(0) as u64)
+            .map_err(|e| self.classify(e, "read"))
+    }
+
+    /// Marks these rows as in the fleet database.
+    pub fn mark_shipped(&mut self, ids: &[i64]) -> Result<(), HistoryError> {
+        let path = self.path.clone();
+        let err = |source| HistoryError::Query {
+            path: path.clone(),
+            what: "mark shipped verdicts in",
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(err)?;
+        {
+            let mut stmt = tx
+                .prepare_cached("UPDATE verdicts SET shipped = 1 WHERE id = ?1")
+                .map_err(err)?;
+            for id in ids {
+                stmt.execute([id]).map_err(err)?;
+            }
+        }
+        tx.commit().map_err(err)
     }
 
     /// Recorded verdicts, newest first, each with the count of its fingerprint.
@@ -601,6 +743,7 @@ mod tests {
             last_nodes: vec!["n1".into(), "n3".into()],
             last_at_unix_s: Some(T0 + 86_400.0 + 6.0 * 3600.0),
             first_at_unix_s: Some(T0),
+            ..Recurrence::default()
         };
         assert_eq!(
             r.sentence(),
@@ -731,6 +874,44 @@ mod tests {
         );
         let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o755);
+    }
+
+    #[test]
+    fn recorded_verdicts_wait_to_be_shipped_until_marked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut db = HistoryDb::open(&dir.path().join("h.sqlite")).unwrap();
+        let v = fixture("blocked-write-n1.json");
+        let first = db.record_entry(&entry(&v, "n1", T0)).unwrap();
+        db.record(&entry(&v, "n1", T0 + 1.0)).unwrap();
+        let pending = db.pending(10).unwrap();
+        assert_eq!(pending.len(), 2);
+        assert_eq!(pending[0].id, first.id);
+        assert_eq!(pending[0].fingerprint, first.recurrence.fingerprint);
+        assert_eq!(pending[0].mount_point, v.culprits[0].mount);
+        assert_eq!(pending[0].culprit_nodes, ["n1"]);
+        assert_eq!(db.pending(1).unwrap().len(), 1);
+        db.mark_shipped(&[first.id]).unwrap();
+        assert_eq!(db.pending_count().unwrap(), 1);
+        assert_eq!(db.pending(10).unwrap()[0].at_unix_s, T0 + 1.0);
+    }
+
+    #[test]
+    fn a_version_1_database_keeps_its_rows_and_they_wait_to_be_shipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.sqlite");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.execute_batch(
+            "INSERT INTO verdicts (at_unix_s, fingerprint, kind, summary, node) VALUES (1.0, 'k', 'stopped', 's', 'n1');
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+        drop(conn);
+        let db = HistoryDb::open(&path).unwrap();
+        assert_eq!(db.schema_version().unwrap(), SCHEMA_VERSION);
+        let pending = db.pending(10).unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].mount_point, None);
     }
 
     #[test]

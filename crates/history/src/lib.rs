@@ -8,12 +8,12 @@ pub mod fingerprint;
 pub mod request;
 
 pub use db::{
-    CauseSummary, HistoryDb, HistoryEntry, HistoryError, NewEntry, Query, BUSY_TIMEOUT,
-    SCHEMA_VERSION,
+    CauseSummary, HistoryDb, HistoryEntry, HistoryError, NewEntry, PendingVerdict, Query, Recorded,
+    BUSY_TIMEOUT, SCHEMA_VERSION,
 };
 pub use fingerprint::{normalize_mount, Fingerprint};
-pub use hangwatch_model::{utc_time, Recurrence};
-pub use request::{record_child_main, HistoryRequest};
+pub use hangwatch_model::{utc_time, Recurrence, RecurrenceSource};
+pub use request::{record_child_main, FleetTarget, HistoryRequest};
 
 /// The database's file name in the state directory.
 pub const DB_FILE_NAME: &str = "history.sqlite";

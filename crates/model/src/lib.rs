@@ -17,6 +17,6 @@ pub use death::RankDeath;
 pub use errors::error_chain;
 pub use node::*;
 pub use observation::*;
-pub use recurrence::Recurrence;
+pub use recurrence::{FleetIncident, IncidentMember, Recurrence, RecurrenceSource, Sighting};
 pub use timeline::*;
 pub use verdict::*;

@@ -296,12 +296,19 @@ fn header(out: &mut String, bundle: &Bundle) {
     ));
     out.push_str(&meta.join(" · "));
     out.push_str("</p>");
-    if let Some(seen) = v.recurrence.as_ref().filter(|r| r.seen_before > 0) {
-        let _ = write!(
-            out,
-            "<p class=\"recurrence\">Not the first time: this cause was {} (<code>hangwatch history</code>).</p>",
-            Esc(&seen.sentence())
-        );
+    if let Some(seen) = v.recurrence.as_ref() {
+        if let Some(news) = seen.news() {
+            let lead = if seen.seen_before > 0 {
+                "Not the first time: "
+            } else {
+                ""
+            };
+            let _ = write!(
+                out,
+                "<p class=\"recurrence\">{lead}{} (<code>hangwatch history</code>).</p>",
+                Esc(&news)
+            );
+        }
     }
     out.push_str("</header>");
 }

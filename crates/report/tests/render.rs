@@ -391,6 +391,7 @@ fn a_recurring_cause_is_said_at_the_top_and_a_first_one_is_not() {
         last_nodes: vec!["n<b>3".into()],
         last_at_unix_s: Some(1_796_135_234.0),
         first_at_unix_s: Some(1_796_000_000.0),
+        ..Default::default()
     });
     write_verdict(dir.path(), &v);
     let page = render_html(&Bundle::read(dir.path()).expect("bundle"));

@@ -1,7 +1,7 @@
 //! The kit every hangwatch system test stands on: filesystems that really hang (a frozen loop-mounted ext4, a
-//! FUSE mount whose daemon is stopped), Python rank processes that step through a TCP barrier, cluster nodes
-//! emulated as network namespaces ([`TestNetwork`]), and guards that clean all of it up when the test ends,
-//! panics, or is killed.
+//! FUSE mount whose daemon is stopped), a PostgreSQL server of the test's own ([`PostgresServer`]), Python rank
+//! processes that step through a TCP barrier, cluster nodes emulated as network namespaces ([`TestNetwork`]), and
+//! guards that clean all of it up when the test ends, panics, or is killed.
 //!
 //! Every guard cleans up in `Drop` without ever blocking forever (helpers run under deadlines; processes stuck
 //! in D state are left rather than waited for). Fixtures that need root or missing tools return errors for which
@@ -25,6 +25,7 @@ mod error;
 mod fuse;
 mod loop_ext4;
 mod netns;
+mod postgres;
 mod procinfo;
 mod ranks;
 mod receiver;
@@ -38,6 +39,7 @@ pub use error::{error_chain, strict_mode, Result, TestkitError};
 pub use fuse::{FuseMount, StoppedDaemon};
 pub use loop_ext4::{FrozenGuard, LoopExt4};
 pub use netns::TestNetwork;
+pub use postgres::{PostgresServer, POSTGRES_USER};
 pub use procinfo::{
     is_dead, is_mount_point, process_state, state_from_stat, task_states, wchan, TaskState,
 };

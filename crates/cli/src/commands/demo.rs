@@ -225,6 +225,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         alerter: std::sync::Arc::new(hangwatch_alert::Alerter::none()),
         // The demo's staged hang is not this machine's history.
         history_db: None,
+        history_fleet: None,
         failed_rank_grace: Duration::from_secs(10),
         coordinator: None,
         fs_stall: Duration::from_secs(15),

@@ -6,8 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use hangwatch_agent::human::say;
+use hangwatch_fleet::{FleetCause, FleetDb, FleetEntry, FleetMount, FleetQuery, ProcessEnv};
 use hangwatch_history::{utc_time, CauseSummary, HistoryDb, HistoryEntry, Query};
 use serde::Serialize;
+use std::io::Write;
 
 use crate::exit::usage;
 
@@ -33,7 +35,18 @@ pub struct Args {
     /// The database file instead of the one in the state directory.
     #[arg(long, value_name = "PATH")]
     db: Option<PathBuf>,
+    /// Read the fleet database (every node's verdicts) instead of this node's history.
+    #[arg(long, conflicts_with = "db")]
+    fleet: bool,
+    /// With --fleet: one row per mount that blocked verdicts: how many, which jobs and nodes, first and last.
+    #[arg(long, requires = "fleet", conflicts_with = "by_cause")]
+    by_mount: bool,
+    #[command(flatten)]
+    fleet_db: crate::fleet::FleetArgs,
 }
+
+/// How long `history --fleet` waits for the fleet database.
+const FLEET_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// `history --json`: the database and its rows.
 #[derive(Debug, Serialize)]
@@ -55,6 +68,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         since_unix_s,
         limit: (args.limit > 0).then_some(args.limit),
     };
+    if args.fleet {
+        return run_fleet(&args, query);
+    }
     let path = args.db.clone().unwrap_or_else(crate::dirs::history_db_path);
     let exists = std::fs::symlink_metadata(&path).is_ok();
     let db = if exists {
@@ -225,7 +241,161 @@ fn now_unix_s() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// `hangwatch __record-history --db PATH`: a history request (JSON) on stdin; the recurrence (JSON) on stdout.
+/// `history --fleet --json`: the fleet database (without its password) and its rows.
+#[derive(Debug, Serialize)]
+struct FleetDocument {
+    database: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verdicts: Option<Vec<FleetEntry>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    causes: Option<Vec<FleetCause>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mounts: Option<Vec<FleetMount>>,
+}
+
+/// `history --fleet`: the fleet database's verdicts, causes or mounts. Connecting and reading run under
+/// [`FLEET_TIMEOUT`]: a database that accepts and never answers is named, not waited for.
+fn run_fleet(args: &Args, query: Query) -> anyhow::Result<ExitCode> {
+    let target = args.fleet_db.target()?.ok_or_else(|| {
+        usage("--fleet needs the fleet database: --history-url URL or HANGWATCH_HISTORY_URL")
+    })?;
+    let fleet_query = FleetQuery {
+        since_unix_s: query.since_unix_s,
+        limit: query.limit,
+    };
+    let (by_cause, by_mount) = (args.by_cause, args.by_mount);
+    let url = target.url.clone();
+    let read = move || -> anyhow::Result<FleetDocument> {
+        let mut db = FleetDb::connect(&target, &ProcessEnv, FLEET_TIMEOUT)?;
+        let mut doc = FleetDocument {
+            database: db.database().to_string(),
+            verdicts: None,
+            causes: None,
+            mounts: None,
+        };
+        if by_cause {
+            doc.causes = Some(db.by_cause(&fleet_query)?);
+        } else if by_mount {
+            doc.mounts = Some(db.by_mount(&fleet_query)?);
+        } else {
+            doc.verdicts = Some(db.list(&fleet_query)?);
+        }
+        Ok(doc)
+    };
+    let doc = hangwatch_fleet::within(FLEET_TIMEOUT, read).ok_or_else(|| {
+        anyhow::anyhow!(
+            "the fleet database ({}) did not answer within {}s",
+            redacted(&url),
+            FLEET_TIMEOUT.as_secs()
+        )
+    })??;
+    if args.json {
+        crate::output::print_json(&doc)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let table = match (&doc.verdicts, &doc.causes, &doc.mounts) {
+        (Some(v), _, _) if !v.is_empty() => fleet_verdict_table(v),
+        (_, Some(c), _) if !c.is_empty() => fleet_cause_table(c),
+        (_, _, Some(m)) if !m.is_empty() => fleet_mount_table(m),
+        _ => {
+            let window = args
+                .since
+                .as_ref()
+                .map(|s| format!(" since {s}"))
+                .unwrap_or_default();
+            say(format!(
+                "no verdicts in the fleet database{window}; database: {}",
+                doc.database
+            ));
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    say(format!("{table}database: {}", doc.database));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The URL for a message: only what comes before its user part's password is never printed.
+fn redacted(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((user, host)) => {
+                let user = user.split(':').next().unwrap_or_default();
+                format!("{scheme}://{user}@{host}")
+            }
+            None => url.to_string(),
+        },
+        None => "the URL given".to_string(),
+    }
+}
+
+fn fleet_verdict_table(entries: &[FleetEntry]) -> String {
+    let rows: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            let nodes = if e.culprit_nodes.is_empty() {
+                e.node.clone()
+            } else {
+                e.culprit_nodes.join(",")
+            };
+            vec![
+                e.at.clone(),
+                nodes,
+                e.job_id.clone().unwrap_or_else(|| "-".into()),
+                e.kind.as_str().to_string(),
+                e.cause.clone(),
+                format!("x{}", e.count),
+            ]
+        })
+        .collect();
+    render_table(&["WHEN", "NODE", "JOB", "KIND", "CAUSE", "SEEN"], &rows)
+}
+
+fn fleet_cause_table(causes: &[FleetCause]) -> String {
+    let rows: Vec<Vec<String>> = causes
+        .iter()
+        .map(|c| {
+            vec![
+                format!("x{}", c.count),
+                c.jobs.to_string(),
+                c.fields.kind.as_str().to_string(),
+                c.cause.clone(),
+                c.nodes.join(","),
+                utc_time(c.first_at_unix_s),
+                utc_time(c.last_at_unix_s),
+            ]
+        })
+        .collect();
+    render_table(
+        &["SEEN", "JOBS", "KIND", "CAUSE", "NODES", "FIRST", "LAST"],
+        &rows,
+    )
+}
+
+fn fleet_mount_table(mounts: &[FleetMount]) -> String {
+    let rows: Vec<Vec<String>> = mounts
+        .iter()
+        .map(|m| {
+            vec![
+                m.mount_point.clone(),
+                m.fstype.clone().unwrap_or_else(|| "-".into()),
+                format!("x{}", m.count),
+                m.jobs.to_string(),
+                m.nodes.join(","),
+                utc_time(m.first_at_unix_s),
+                utc_time(m.last_at_unix_s),
+            ]
+        })
+        .collect();
+    render_table(
+        &[
+            "MOUNT", "FSTYPE", "BLOCKED", "JOBS", "NODES", "FIRST", "LAST",
+        ],
+        &rows,
+    )
+}
+
+/// `hangwatch __record-history --db PATH`: a history request (JSON) on stdin; one recurrence (JSON) a line on
+/// stdout, the node's own first, the fleet database's after it when one is set (the parent takes the last).
 #[derive(Debug, clap::Args)]
 pub struct RecordArgs {
     #[arg(long)]
@@ -233,10 +403,36 @@ pub struct RecordArgs {
 }
 
 pub fn run_record(args: RecordArgs) -> anyhow::Result<ExitCode> {
-    let recurrence = hangwatch_history::record_child_main(&args.db, std::io::stdin().lock())
-        .map_err(anyhow::Error::msg)?;
-    crate::output::print_json(&recurrence)?;
+    hangwatch_fleet::record_child_main(&args.db, std::io::stdin().lock(), |recurrence| {
+        print_line(recurrence).map_err(|e| e.to_string())
+    })
+    .map_err(anyhow::Error::msg)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `hangwatch __ship-history --db PATH`: the fleet database (JSON) on stdin; what was shipped (JSON) on stdout.
+#[derive(Debug, clap::Args)]
+pub struct ShipArgs {
+    #[arg(long)]
+    db: PathBuf,
+}
+
+pub fn run_ship(args: ShipArgs) -> anyhow::Result<ExitCode> {
+    let report = hangwatch_fleet::ship_child_main(&args.db, std::io::stdin().lock())
+        .map_err(anyhow::Error::msg)?;
+    print_line(&report)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One compact JSON document and a line end on stdout, at once: a parent that abandons this process reads
+/// every line written before.
+fn print_line<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    let mut line = serde_json::to_vec(value)?;
+    line.push(b'\n');
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(&line)?;
+    stdout.flush()?;
+    Ok(())
 }
 
 #[cfg(test)]

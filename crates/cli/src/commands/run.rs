@@ -56,6 +56,8 @@ Exit code: the job's own when it ends by itself (128+N when killed by signal N);
 job (retryable); 2 for usage errors; 1 for hangwatch's own failures."
 )]
 pub struct Args {
+    #[command(flatten)]
+    fleet: crate::fleet::FleetArgs,
     /// Start N local ranks with torchrun-style environment. Without it, CMD is one process tree.
     #[arg(long)]
     nproc: Option<u32>,
@@ -187,6 +189,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.min_stall > args.max_stall {
         return Err(usage("--min-stall is above --max-stall"));
     }
+    let history_fleet = args.fleet.target()?;
     // Inside a multi-node Slurm step every node computes the same MASTER_ADDR and MASTER_PORT without talking.
     let in_slurm_step = nnodes > 1 && env("SLURM_STEP_ID").is_some();
     let job_id = args
@@ -232,6 +235,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .first()
         .ok_or_else(|| usage("no command to run: put it after `--`"))?;
     check_program(program).map_err(|e| usage(format!("cannot run the job: {e}")))?;
+    if let Some(fleet) = &history_fleet {
+        // Verdicts that waited while the fleet database did not answer: shipped now, in the background.
+        match hangwatch_inspect::child::self_exe() {
+            Ok(exe) => hangwatch_agent::history::ship_in_background(
+                exe,
+                crate::dirs::history_db_path(),
+                fleet.clone(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ship waiting verdicts: where is this hangwatch?")
+            }
+        }
+    }
     let alerter = std::sync::Arc::new(args.alerts.alerter()?);
     if let Some(dir) = &args.metrics_textfile {
         crate::commands::metrics::check_textfile_dir(dir)?;
@@ -306,6 +322,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         job_id: Some(job_id.clone()),
         alerter: std::sync::Arc::clone(&alerter),
         history_db: Some(crate::dirs::history_db_path()),
+        history_fleet: history_fleet.clone(),
         failed_rank_grace: args
             .stall_after
             .map(|d| d / 2)
