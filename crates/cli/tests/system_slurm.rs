@@ -201,6 +201,77 @@ fn an_sbatch_job_of_three_nodes_ends_with_75_and_every_node_names_the_frozen_nod
     drop(frozen);
 }
 
+#[test]
+fn srun_tasks_each_under_its_own_hangwatch_are_known_by_slurm_procid_and_rank_0_is_named() {
+    let torch = require!(hangwatch_testkit::torch_python());
+    let fs = require!(LoopExt4::new(64));
+    let Some(cluster) = SlurmCluster::start_or_skip(1) else {
+        return;
+    };
+    let work = tempfile::tempdir().expect("temporary directory");
+    let out = work.path();
+    let log = fs.path().join("rank0.log");
+    let port = hangwatch_testkit::free_tcp_port().expect("a free port");
+    let launchers = scripts().join("../python/launchers.py");
+    // No hangwatch flag says who is which rank: each task's SLURM_PROCID does, and the script copies it into RANK
+    // at run time (as idr_torch does).
+    let script = format!(
+        "#!/bin/bash\n\
+         export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}\n\
+         srun --ntasks=4 --output={out}/task-%t.out --error={out}/task-%t.err \\\n  \
+         {BIN} run --json --stall-after {STALL_AFTER} --grace 2s --quiet \\\n  \
+         -- {torch} {launchers} task --step-time 0.1 --log {log}\n",
+        out = out.display(),
+        torch = torch.display(),
+        launchers = launchers.display(),
+        log = log.display(),
+    );
+    let job = cluster.submit(out, &script, &["--nodes=1", "--ntasks=4"]);
+    let task = |t: u32, ext: &str| {
+        std::fs::read_to_string(out.join(format!("task-{t}.{ext}"))).unwrap_or_default()
+    };
+    assert!(
+        wait_until(Duration::from_secs(120), POLL, || lines_in(&log) >= 3),
+        "rank 0 never logged 3 steps; job: {}\ntask 0:\n{}",
+        cluster.job(&job),
+        task(0, "err")
+    );
+    let frozen = require!(fs.freeze());
+    let ended = wait_until(Duration::from_secs(90), POLL, || {
+        !matches!(
+            SlurmCluster::field(&cluster.job(&job), "JobState").as_deref(),
+            Some("RUNNING" | "PENDING" | "CONFIGURING") | None
+        )
+    });
+    let all: String = (0..4)
+        .map(|t| format!("--- task {t} ---\n{}\n{}\n", task(t, "out"), task(t, "err")))
+        .collect();
+    assert!(ended, "the job did not end: {}\n{all}", cluster.job(&job));
+    drop(frozen);
+    // Task 0's hangwatch names rank 0, and says where its number came from.
+    let verdict: serde_json::Value = serde_json::from_str(&task(0, "out"))
+        .unwrap_or_else(|e| panic!("task 0's JSON: {e}\n{all}"));
+    assert_eq!(verdict["kind"], "blocked_in_kernel", "{all}");
+    assert_eq!(verdict["culprits"][0]["rank"], 0, "{all}");
+    assert_eq!(verdict["culprits"][0]["syscall"], "write", "{all}");
+    assert_eq!(
+        verdict["culprits"][0]["rank_source"], "env:SLURM_PROCID",
+        "{all}"
+    );
+    // The others know their own number too.
+    for t in 1..4u64 {
+        let theirs: serde_json::Value =
+            serde_json::from_str(&task(t as u32, "out")).unwrap_or_default();
+        let ranks: Vec<u64> = theirs["ranks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["rank"].as_u64())
+            .collect();
+        assert_eq!(ranks, vec![t], "task {t}: {all}");
+    }
+}
+
 /// The job's tasks' output (every attempt appends to the same files).
 fn task_output(out: &Path) -> String {
     let mut all = String::new();

@@ -27,7 +27,10 @@ pub struct Seen<'a> {
     pub rank_pid: i32,
     pub worker: bool,
     pub condition: Condition,
+    /// Its place for grouping (the innermost frame outside the standard library).
     pub where_: &'a str,
+    /// The innermost frame of the job's own code, which names the work for people; `where_` when unknown.
+    pub own_code: Option<&'a str>,
 }
 
 /// Whether `where_` is a place inside torch.distributed (a collective, a barrier, a store wait).
@@ -57,10 +60,11 @@ pub fn activity(seen: &[Seen], nodes_missing: bool) -> Option<Activity> {
     // Rank pids that compute themselves or through a worker, with where the work is.
     let mut working: BTreeMap<i32, (Option<u32>, &str)> = BTreeMap::new();
     for s in seen.iter().filter(|s| computes(s)) {
-        let entry = working.entry(s.rank_pid).or_insert((s.rank, s.where_));
+        let place = s.own_code.unwrap_or(s.where_);
+        let entry = working.entry(s.rank_pid).or_insert((s.rank, place));
         if !s.worker {
             // The rank's own place says more than its worker's.
-            entry.1 = s.where_;
+            entry.1 = place;
         }
     }
     if working.is_empty() {
@@ -81,6 +85,7 @@ pub fn activity(seen: &[Seen], nodes_missing: bool) -> Option<Activity> {
         .iter()
         .filter(|s| !working.contains_key(&s.rank_pid))
         .collect();
+    // Waits are named by the library's place ("all_reduce (torch/distributed/...)"): that is what they wait in.
     let waiting_where = most(&mut waiting.iter().map(|s| s.where_));
     let mut numbers: Vec<u32> = working.values().filter_map(|(r, _)| *r).collect();
     numbers.sort_unstable();
@@ -370,6 +375,7 @@ mod tests {
             worker: false,
             condition,
             where_,
+            own_code: None,
         }
     }
 
@@ -395,6 +401,22 @@ mod tests {
             a.summary,
             "rank 0 computes in prepare (job.py) while 3 ranks wait in all_reduce (torch/distributed/distributed_c10d.py)"
         );
+    }
+
+    #[test]
+    fn the_work_is_named_by_the_jobs_own_code() {
+        let seen: Vec<Seen> = (0..2)
+            .map(|r| Seen {
+                own_code: Some("evaluate (eval.py)"),
+                ..rank(
+                    r,
+                    Condition::Running,
+                    "Module._call_impl (torch/nn/modules/module.py)",
+                )
+            })
+            .collect();
+        let a = activity(&seen, false).expect("activity");
+        assert_eq!(a.summary, "all 2 ranks compute in evaluate (eval.py)");
     }
 
     #[test]
@@ -439,6 +461,7 @@ mod tests {
             worker: true,
             condition: Condition::Running,
             where_: "__getitem__ (data.py)",
+            own_code: None,
         });
         let a = activity(&seen, false).expect("activity");
         assert_eq!(a.ranks, vec![1]);

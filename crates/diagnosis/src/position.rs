@@ -49,6 +49,9 @@ pub struct Position {
     pub frozen_mount: Option<FrozenMount>,
     /// The thread waits on a filesystem (D, or a known filesystem wait in S) rather than a socket or a lock.
     pub filesystem_wait: bool,
+    /// The innermost frame of the job's own code (outside the standard library and installed packages): what a
+    /// person calls the place ("evaluate (eval.py)" rather than "Module._call_impl (torch/nn/modules/module.py)").
+    pub own_code: Option<String>,
 }
 
 /// Kernel frames of a writer waiting for a frozen superblock (`fsfreeze`, a snapshot): the wait names no file, so
@@ -234,6 +237,20 @@ pub fn short_filename(filename: &str) -> &str {
     filename.rsplit('/').next().unwrap_or(filename)
 }
 
+/// The innermost frame of the job's own code: neither the standard library nor an installed package.
+pub fn own_code_frame(frames: &[PythonFrame]) -> Option<String> {
+    let frame = frames.iter().find(|f| {
+        !is_stdlib(f)
+            && !f.filename.contains("site-packages/")
+            && !f.filename.contains("dist-packages/")
+    })?;
+    Some(format!(
+        "{} ({})",
+        frame.function,
+        short_filename(&frame.filename)
+    ))
+}
+
 /// The frame that says where a rank is: the innermost frame outside the standard library
 /// (`barrier (torch/distributed/distributed_c10d.py)`), else the innermost frame.
 pub fn meaningful_frame(frames: &[PythonFrame]) -> Option<String> {
@@ -321,6 +338,7 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
             superblock_wait: false,
             frozen_mount: None,
             filesystem_wait: false,
+            own_code: None,
         };
     }
     let busy = is_busy(process, window_ms);
@@ -337,6 +355,7 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
             superblock_wait: false,
             frozen_mount: None,
             filesystem_wait: false,
+            own_code: None,
         };
     };
     let filesystem_wait = waits_on_filesystem(thread);
@@ -354,6 +373,7 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
         .as_deref()
         .and_then(|threads| python_thread_for(threads, thread.tid, process.pid));
     let python_stack = py_thread.map(|t| t.frames.iter().map(PythonFrame::display).collect());
+    let own_code = py_thread.and_then(|t| own_code_frame(&t.frames));
     let where_ = py_thread
         .and_then(|t| meaningful_frame(&t.frames))
         .unwrap_or_else(|| kernel_where(thread));
@@ -369,6 +389,7 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
         superblock_wait: waits_on_frozen_superblock(thread),
         frozen_mount: None,
         filesystem_wait,
+        own_code,
     }
 }
 
@@ -382,6 +403,28 @@ mod tests {
             filename: filename.into(),
             line,
         }
+    }
+
+    #[test]
+    fn own_code_is_the_innermost_frame_outside_the_library_and_packages() {
+        let frames = vec![
+            frame(
+                "_call_impl",
+                "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py",
+                1779,
+            ),
+            frame("evaluate", "/home/u/eval.py", 40),
+            frame("main", "/home/u/eval.py", 90),
+        ];
+        assert_eq!(
+            own_code_frame(&frames).as_deref(),
+            Some("evaluate (eval.py)")
+        );
+        assert_eq!(
+            meaningful_frame(&frames).as_deref(),
+            Some("_call_impl (torch/nn/modules/module.py)"),
+            "grouping keeps the library's place"
+        );
     }
 
     #[test]

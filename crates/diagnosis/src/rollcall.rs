@@ -436,6 +436,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
                 worker: e.process.worker_of.is_some(),
                 condition: e.position.condition,
                 where_: &e.position.where_,
+                own_code: e.position.own_code.as_deref(),
             })
             .collect::<Vec<_>>(),
         !nodes_not_seen.is_empty() || kind == VerdictKind::NodeUnreachable,
