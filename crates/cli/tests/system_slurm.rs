@@ -205,7 +205,8 @@ fn an_sbatch_job_of_three_nodes_ends_with_75_and_every_node_names_the_frozen_nod
 fn srun_tasks_each_under_its_own_hangwatch_are_known_by_slurm_procid_and_rank_0_is_named() {
     let torch = require!(hangwatch_testkit::torch_python());
     let fs = require!(LoopExt4::new(64));
-    let Some(cluster) = SlurmCluster::start_or_skip(1) else {
+    // Two emulated nodes of 2 CPUs each: 2 tasks on each.
+    let Some(cluster) = SlurmCluster::start_or_skip(2) else {
         return;
     };
     let work = tempfile::tempdir().expect("temporary directory");
@@ -226,7 +227,11 @@ fn srun_tasks_each_under_its_own_hangwatch_are_known_by_slurm_procid_and_rank_0_
         launchers = launchers.display(),
         log = log.display(),
     );
-    let job = cluster.submit(out, &script, &["--nodes=1", "--ntasks=4"]);
+    let job = cluster.submit(
+        out,
+        &script,
+        &["--nodes=2", "--ntasks=4", "--ntasks-per-node=2"],
+    );
     let task = |t: u32, ext: &str| {
         std::fs::read_to_string(out.join(format!("task-{t}.{ext}"))).unwrap_or_default()
     };
