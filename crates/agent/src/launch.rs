@@ -185,10 +185,15 @@ pub fn check_program(program: &OsString) -> Result<(), String> {
         })
     };
     if p.components().count() > 1 {
-        return if p.is_file() {
-            runnable(p)
-        } else {
-            Err(format!("`{}` does not exist", p.display()))
+        return match std::fs::metadata(p) {
+            Ok(m) if m.is_file() => runnable(p),
+            Ok(_) => Err(format!("`{}` is not a file", p.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(format!(
+                "`{}` cannot be reached by this user: a directory on the way to it, or to what its links point to, \
+                 is not searchable (a virtual environment made from a Python under another user's home shows this)",
+                p.display()
+            )),
+            Err(_) => Err(format!("`{}` does not exist", p.display())),
         };
     }
     let found = std::env::var_os("PATH").and_then(|paths| {
