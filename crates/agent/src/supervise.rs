@@ -442,6 +442,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         inspect_budget: inspect_budget(&config),
         activity: activity_rule(&config.detector),
     });
+    let structure_node_rank = config.coordinator.as_ref().map(|c| c.node_rank);
     let mut sup = Supervisor {
         config,
         procs,
@@ -466,7 +467,8 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         fs_stall: FsStallTracker::new(),
         last_probe_reap: None,
         activity: HashMap::new(),
-        ranks: Arc::new(Mutex::new(RankFinder::new())),
+        // With a coordinator, ranks numbered by the structure alone are made global with this node's rank.
+        ranks: Arc::new(Mutex::new(RankFinder::on_node(structure_node_rank))),
         client_ranks: ClientReports::new(),
         discovering: false,
         heartbeats: Arc::clone(&socket.stats),

@@ -31,7 +31,9 @@ pub use detector::{
 };
 pub use fs_stall::{fast_path_due, thread_blocked, Blocked, FsStallTracker, RankSample, Stuck};
 pub use position::{classify, waits_on_frozen_superblock, Condition, FrozenMount, Position};
-pub use ranks::{find_ranks, EnvFact, ProcFacts, RankClaim, RankMap, RankSource, TreeNode};
+pub use ranks::{
+    find_ranks, find_ranks_on_node, EnvFact, ProcFacts, RankClaim, RankMap, RankSource, TreeNode,
+};
 pub use rollcall::{
     decide, mounts_to_probe, roll_call, superblock_waiter, DecideOptions, RollCallInput,
 };

@@ -241,6 +241,21 @@ pub fn find_ranks(
     known_workers: &HashSet<ProcId>,
     structure_before: &HashMap<ProcId, u32>,
 ) -> RankMap {
+    find_ranks_on_node(nodes, roots, facts, known_workers, structure_before, None)
+}
+
+/// [`find_ranks`] on node `node_rank` of a multi-node job: the numbers the structure gives spawned children are
+/// this node's (0..n), so they are made global as torchrun does (`node_rank x n + local`), their local rank kept;
+/// `structure_before` holds local numbers. Two nodes of `torch.multiprocessing.spawn` ranks then never claim the
+/// same rank before the coordinator.
+pub fn find_ranks_on_node(
+    nodes: &[TreeNode],
+    roots: &[i32],
+    facts: impl Fn(ProcId) -> ProcFacts,
+    known_workers: &HashSet<ProcId>,
+    structure_before: &HashMap<ProcId, u32>,
+    node_rank: Option<u32>,
+) -> RankMap {
     let mut children: HashMap<i32, Vec<usize>> = HashMap::new();
     for (i, node) in nodes.iter().enumerate() {
         if node.ppid != node.id.pid {
@@ -353,10 +368,13 @@ pub fn find_ranks(
             match order.numbers.get(&child) {
                 Some(&n) if candidate => {
                     visited[child] = true;
+                    let local_world = u32::try_from(order.numbers.len()).unwrap_or(u32::MAX);
+                    let base = node_rank.unwrap_or(0).saturating_mul(local_world);
                     let claim = RankClaim {
-                        rank: n,
+                        rank: base.saturating_add(n),
                         local_rank: Some(n),
-                        world_size: Some(u32::try_from(order.numbers.len()).unwrap_or(u32::MAX)),
+                        // One node's count is the world only on one node.
+                        world_size: node_rank.is_none().then_some(local_world),
                         source: RankSource::Structure,
                     };
                     map.ranks.push(assignment(child_id, claim));
@@ -771,6 +789,34 @@ mod tests {
             &HashSet::new(),
             before,
         )
+    }
+
+    #[test]
+    fn on_node_1_of_a_multi_node_job_the_spawned_ranks_are_made_global() {
+        let tree = mp_spawn();
+        let map = find_ranks_on_node(
+            &tree.nodes,
+            &[10],
+            |p| tree.env.get(&p).copied().unwrap_or(Unknown.into()),
+            &HashSet::new(),
+            &HashMap::new(),
+            Some(1),
+        );
+        assert_eq!(
+            sources(&map),
+            vec![
+                (20, 4, RankSource::Structure),
+                (30, 5, RankSource::Structure),
+                (40, 6, RankSource::Structure),
+                (50, 7, RankSource::Structure)
+            ],
+            "node 1's four spawned ranks are 4-7, as torchrun would number them"
+        );
+        assert_eq!(map.ranks[0].local_rank, Some(0));
+        assert_eq!(
+            map.ranks[0].world_size, None,
+            "4 is this node's count, not the world"
+        );
     }
 
     #[test]

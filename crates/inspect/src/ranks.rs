@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use hangwatch_diagnosis::ranks::{
-    find_ranks, local_rank_only, rank_from_env, EnvFact, ProcFacts, RankClaim, TreeNode,
+    find_ranks_on_node, local_rank_only, rank_from_env, EnvFact, ProcFacts, RankClaim, TreeNode,
 };
 use hangwatch_model::{ProcId, RankSource};
 use hangwatch_proc::{is_multiprocessing_spawn, ProcFs, RankEnv, TaskStat};
@@ -87,11 +87,21 @@ pub struct RankFinder {
     /// Numbers the structure gave: kept while the process lives, so that ranks are not renumbered when one exits.
     structure: HashMap<ProcId, u32>,
     ranks: BTreeMap<ProcId, FoundRank>,
+    /// This node's rank in a multi-node job: the structure's numbers are made global with it.
+    node_rank: Option<u32>,
 }
 
 impl RankFinder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The finder of node `node_rank` of a multi-node job (`None`: one node).
+    pub fn on_node(node_rank: Option<u32>) -> Self {
+        Self {
+            node_rank,
+            ..Self::default()
+        }
     }
 
     /// Looks at the trees below `roots` (the processes hangwatch started), reading environments in throwaway
@@ -202,13 +212,21 @@ impl RankFinder {
             facts.client = clients.get(&id).copied();
             facts
         };
-        let map = find_ranks(&nodes, roots, facts, &self.known_workers, &self.structure);
+        let map = find_ranks_on_node(
+            &nodes,
+            roots,
+            facts,
+            &self.known_workers,
+            &self.structure,
+            self.node_rank,
+        );
         self.known_workers.extend(map.workers.iter().map(|w| w.id));
+        // The structure's own (local) numbers: the next look numbers from them again.
         self.structure.extend(
             map.ranks
                 .iter()
                 .filter(|r| r.source == RankSource::Structure)
-                .map(|r| (r.id, r.rank)),
+                .map(|r| (r.id, r.local_rank.unwrap_or(r.rank))),
         );
 
         let pgid_of: HashMap<i32, i32> = stats.iter().map(|s| (s.pid, s.pgrp)).collect();
