@@ -106,12 +106,8 @@ pub struct QueryError {
     pub source: postgres::Error,
 }
 
-/// Which verdicts to list.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct FleetQuery {
-    pub since_unix_s: Option<f64>,
-    pub limit: Option<usize>,
-}
+/// Which verdicts to list: the same question as of the node's own history.
+pub type FleetQuery = hangwatch_history::Query;
 
 /// One verdict in the fleet database (`history --fleet`).
 #[derive(Debug, Clone, PartialEq, Serialize)]

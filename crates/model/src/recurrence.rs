@@ -212,14 +212,7 @@ impl FleetIncident {
     pub fn sightings(&self, now_unix_s: Option<f64>) -> Vec<String> {
         self.others
             .iter()
-            .map(|o| {
-                let job = o
-                    .job_id
-                    .as_ref()
-                    .map(|j| format!("job {j} on "))
-                    .unwrap_or_default();
-                format!("{job}{}, {}", o.node, when(o.at_unix_s, now_unix_s))
-            })
+            .map(|o| format!("{}, {}", o.who(), when(o.at_unix_s, now_unix_s)))
             .collect()
     }
 
@@ -234,14 +227,7 @@ impl FleetIncident {
         let others: Vec<String> = self
             .others
             .iter()
-            .map(|o| {
-                let job = o
-                    .job_id
-                    .as_ref()
-                    .map(|j| format!("job {j} on "))
-                    .unwrap_or_default();
-                format!("{job}{} ({})", o.node, when(o.at_unix_s, now_unix_s))
-            })
+            .map(|o| format!("{} ({})", o.who(), when(o.at_unix_s, now_unix_s)))
             .collect();
         let others = match others.as_slice() {
             [] => "nothing else".to_string(),
@@ -253,6 +239,16 @@ impl FleetIncident {
             self.mount,
             age(self.window_s)
         )
+    }
+}
+
+impl IncidentMember {
+    /// `job 1240 on n7`, or `n7` when the job is not known.
+    fn who(&self) -> String {
+        match &self.job_id {
+            Some(job) => format!("job {job} on {}", self.node),
+            None => self.node.clone(),
+        }
     }
 }
 
