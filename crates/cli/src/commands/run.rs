@@ -368,9 +368,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(what) = hangwatch_inspect::child::detach_from_binary_filesystem() {
         tracing::info!("{what}");
     }
-    if let (Some(job), Some(record)) = (&slurm_job, &previous_attempt) {
-        if !record.mounts.is_empty() {
-            let waited = crate::storage_wait::wait_for_storage(
+    // An attempt after a storage hang waits for that storage before it starts the job.
+    let storage_gave_up = match (&slurm_job, &previous_attempt) {
+        (Some(job), Some(record)) if !record.mounts.is_empty() => matches!(
+            crate::storage_wait::wait_for_storage(
                 &record.mounts,
                 args.storage_wait,
                 |still, waited| {
@@ -381,61 +382,62 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         crate::requeue::note_storage_wait(job, record, still, waited);
                     }
                 },
-            );
-            if let crate::storage_wait::StorageWait::GaveUp { .. } = waited {
-                drop(private_dir);
-                return Ok(ExitCode::from(
-                    u8::try_from(crate::storage_wait::EXIT_STORAGE_GAVE_UP).unwrap_or(1),
-                ));
-            }
-        }
-    }
-    let code = match supervise(config) {
-        Ok(outcome) => {
-            if let Some(sink) = sink {
-                sink.finish(Duration::from_secs(5));
-            }
-            let code = report(&args, &outcome, &report_dir);
-            let mut acted = outcome.verdict.clone().filter(|_| code == EXIT_HUNG);
-            let code = match (&slurm_job, acted.as_mut()) {
-                (Some(job), Some(verdict)) if node_rank == 0 => {
-                    let (code, action) = crate::requeue::after_hang(
-                        job,
-                        verdict,
-                        previous_attempt.clone(),
-                        outcome.last_step,
-                        args.max_requeues,
-                        args.drain_bad_nodes
-                            && verdict.scope != Some(hangwatch_model::Scope::Filesystem),
-                        &report_dir,
-                    );
-                    verdict.actions.push(action);
-                    code
+            ),
+            crate::storage_wait::StorageWait::GaveUp { .. }
+        ),
+        _ => false,
+    };
+    // Given up on the storage: no job was started, and what was set up (metrics, a hosted coordinator, the
+    // output's protection) ends as after any run.
+    let code = match (!storage_gave_up).then(|| supervise(config)) {
+        None => crate::storage_wait::EXIT_STORAGE_GAVE_UP,
+        Some(outcome) => match outcome {
+            Ok(outcome) => {
+                if let Some(sink) = sink {
+                    sink.finish(Duration::from_secs(5));
                 }
-                _ => code,
-            };
-            // With a coordinator, the job's alerts are its own (one per job, not one per node); what only node
-            // rank 0 did after it (the requeue) is told here.
-            let requeued = acted
-                .as_ref()
-                .is_some_and(|v| v.actions.iter().any(|a| a.action == "requeue"));
-            if let Some(verdict) = acted
-                .as_ref()
-                .filter(|_| coordination.is_none() || requeued)
-            {
-                let context = crate::alerts::AlertContext {
-                    job: Some(&job_id),
-                    node: node_name.as_deref(),
-                    report_dir: &report_dir,
+                let code = report(&args, &outcome, &report_dir);
+                let mut acted = outcome.verdict.clone().filter(|_| code == EXIT_HUNG);
+                let code = match (&slurm_job, acted.as_mut()) {
+                    (Some(job), Some(verdict)) if node_rank == 0 => {
+                        let (code, action) = crate::requeue::after_hang(
+                            job,
+                            verdict,
+                            previous_attempt.clone(),
+                            outcome.last_step,
+                            args.max_requeues,
+                            args.drain_bad_nodes
+                                && verdict.scope != Some(hangwatch_model::Scope::Filesystem),
+                            &report_dir,
+                        );
+                        verdict.actions.push(action);
+                        code
+                    }
+                    _ => code,
                 };
-                crate::alerts::send_acted(&alerter, verdict, &context);
+                // With a coordinator, the job's alerts are its own (one per job, not one per node); what only node
+                // rank 0 did after it (the requeue) is told here.
+                let requeued = acted
+                    .as_ref()
+                    .is_some_and(|v| v.actions.iter().any(|a| a.action == "requeue"));
+                if let Some(verdict) = acted
+                    .as_ref()
+                    .filter(|_| coordination.is_none() || requeued)
+                {
+                    let context = crate::alerts::AlertContext {
+                        job: Some(&job_id),
+                        node: node_name.as_deref(),
+                        report_dir: &report_dir,
+                    };
+                    crate::alerts::send_acted(&alerter, verdict, &context);
+                }
+                code
             }
-            code
-        }
-        Err(e) => {
-            say(format!("hangwatch: error: {:#}", anyhow::Error::new(e)));
-            1
-        }
+            Err(e) => {
+                say(format!("hangwatch: error: {:#}", anyhow::Error::new(e)));
+                1
+            }
+        },
     };
     if let Some(hosted) = hosted {
         // The other nodes may still be ending their ranks on its order: let them leave first (bounded).
