@@ -1969,7 +1969,7 @@ impl InvestigationJob {
                 write: true,
             };
             prober
-                .probe_all(mounts, &options)
+                .probe_targets(mounts, &options)
                 .into_iter()
                 .filter_map(Result::ok)
                 .collect()

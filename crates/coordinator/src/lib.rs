@@ -423,6 +423,8 @@ fn departed_observations(m: &Member) -> NodeObservations {
         .exits
         .iter()
         .map(|e| hangwatch_model::ProcessObservation {
+            ns_pid: None,
+            other_mount_namespace: false,
             pid: e.pid,
             rank: Some(e.rank),
             local_rank: None,

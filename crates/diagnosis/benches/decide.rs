@@ -21,6 +21,7 @@ const RUNS: u32 = 5;
 
 fn file(path: &str, mount: Option<&str>, fstype: &str) -> FileRef {
     FileRef {
+        filesystem: None,
         path: path.into(),
         mount: mount.map(Into::into),
         fstype: Some(fstype.into()),
@@ -165,6 +166,7 @@ fn job(nodes: u32) -> Vec<NodeObservations> {
             }
             if n == 0 {
                 obs.probes.push(ProbeResult {
+                    filesystem: None,
                     path: "/gpfs".into(),
                     mount: Some("/gpfs".into()),
                     fstype: Some("gpfs".into()),

@@ -68,6 +68,7 @@ mod tests {
             "S in a call, filesystem not known to be stuck"
         );
         v.filesystems.push(FilesystemStatus {
+            filesystem: None,
             mount: "/shared".into(),
             node: None,
             fstype: Some("ext4".into()),

@@ -35,6 +35,7 @@ pub use ranks::{
     find_ranks, find_ranks_on_node, EnvFact, ProcFacts, RankClaim, RankMap, RankSource, TreeNode,
 };
 pub use rollcall::{
-    decide, mounts_to_probe, roll_call, superblock_waiter, DecideOptions, RollCallInput,
+    decide, mounts_to_probe, mounts_to_probe_as_seen, roll_call, superblock_waiter, DecideOptions,
+    MountToProbe, RollCallInput,
 };
 pub use scope::{apply_scope, scope_of};

@@ -24,6 +24,7 @@ pub enum Condition {
 pub struct FrozenMount {
     pub mount: String,
     pub fstype: Option<String>,
+    pub filesystem: Option<hangwatch_model::FilesystemId>,
 }
 
 /// The place and condition of one rank process.
@@ -484,6 +485,7 @@ mod tests {
     #[test]
     fn sockets_and_pipes_are_not_filesystem_files() {
         let file = |p: &str| FileRef {
+            filesystem: None,
             path: p.into(),
             mount: None,
             fstype: None,

@@ -410,6 +410,7 @@ mod tests {
         v.culprits[0].at.state = "S".into();
         v.scope = Some(Scope::Filesystem);
         v.filesystems.push(FilesystemStatus {
+            filesystem: None,
             mount: "/gpfs".into(),
             node: Some("n2".into()),
             fstype: Some("gpfs".into()),

@@ -73,21 +73,61 @@ pub fn superblock_waiter(processes: &[ProcessObservation], window_ms: u64) -> Op
 }
 
 pub fn mounts_to_probe(processes: &[ProcessObservation], window_ms: u64) -> Vec<String> {
-    let mut mounts = BTreeSet::new();
+    let mounts: BTreeSet<String> = mounts_to_probe_as_seen(processes, window_ms)
+        .into_iter()
+        .map(|m| m.mount)
+        .collect();
+    mounts.into_iter().collect()
+}
+
+/// A mount to probe as the process that uses it sees it: a rank in a container has its own mounts, so the probe
+/// runs in that process's mount namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountToProbe {
+    /// The mount point, in the namespace of `pid`.
+    pub mount: String,
+    /// A stuck process that uses it.
+    pub pid: i32,
+    /// That process lives in a mount namespace other than hangwatch's.
+    pub other_namespace: bool,
+    pub fstype: Option<String>,
+    pub source: Option<String>,
+    pub filesystem: Option<hangwatch_model::FilesystemId>,
+}
+
+/// [`mounts_to_probe`], each with a process that uses it; one per filesystem (two containers that bind one
+/// filesystem at different paths are one probe).
+pub fn mounts_to_probe_as_seen(
+    processes: &[ProcessObservation],
+    window_ms: u64,
+) -> Vec<MountToProbe> {
+    let mut out: Vec<MountToProbe> = Vec::new();
     for process in processes {
         let position = classify(process, window_ms);
-        if let Some(mount) = position
-            .file
-            .as_ref()
-            .filter(|f| is_filesystem_file(f))
-            .and_then(|f| f.mount.clone())
-        {
-            if position.filesystem_wait || position.state == 'D' {
-                mounts.insert(mount);
-            }
+        let Some(file) = position.file.as_ref().filter(|f| is_filesystem_file(f)) else {
+            continue;
+        };
+        let (Some(mount), Some(key)) = (file.mount.clone(), file.filesystem_key()) else {
+            continue;
+        };
+        if !(position.filesystem_wait || position.state == 'D') {
+            continue;
         }
+        if out.iter().any(|m| {
+            hangwatch_model::filesystem_key(m.filesystem.as_ref(), Some(&m.mount)) == Some(key)
+        }) {
+            continue;
+        }
+        out.push(MountToProbe {
+            mount,
+            pid: process.pid,
+            other_namespace: process.other_mount_namespace,
+            fstype: file.fstype.clone(),
+            source: file.source.clone(),
+            filesystem: file.filesystem.as_deref().cloned(),
+        });
     }
-    mounts.into_iter().collect()
+    out
 }
 
 struct Entry<'a> {
@@ -160,17 +200,17 @@ fn worker_role(process: &ProcessObservation) -> Option<String> {
 /// Whether a filesystem wait is on a mount that a probe (on the same node) found responsive: ordinary I/O, not a
 /// hang.
 fn on_responsive_mount(entry: &Entry, ctx: &Ctx) -> bool {
-    let Some(mount) = entry
+    let Some(key) = entry
         .position
         .file
         .as_ref()
-        .and_then(|f| f.mount.as_deref())
+        .and_then(|f| f.filesystem_key())
     else {
         return false;
     };
     ctx.probes(entry)
         .iter()
-        .find(|p| p.mount.as_deref() == Some(mount))
+        .find(|p| p.filesystem_key() == Some(key))
         .and_then(|p| p.responsive)
         == Some(true)
 }
@@ -364,6 +404,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             e.position.frozen_mount = only.mount.clone().map(|mount| FrozenMount {
                 mount,
                 fstype: only.fstype.clone(),
+                filesystem: only.filesystem.clone(),
             });
         }
     }
@@ -377,9 +418,10 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         let Some(mount) = probe.mount.clone() else {
             continue;
         };
+        let key = probe.filesystem_key().unwrap_or(&mount);
         if filesystems
             .iter()
-            .any(|f| f.mount == mount && &f.node == node)
+            .any(|f| f.filesystem_key() == key && &f.node == node)
         {
             continue;
         }
@@ -389,6 +431,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             fstype: probe.fstype.clone(),
             responsive: probe.responsive,
             detail: Some(probe.detail.clone()),
+            filesystem: probe.filesystem.clone(),
         });
     }
 
@@ -497,6 +540,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
     }
 
     let mut verdict = Verdict {
+        pids: None,
         version: VERDICT_VERSION,
         kind,
         summary,
@@ -593,6 +637,10 @@ fn place(entry: &Entry, ctx: &Ctx) -> RankPlace {
     let file = entry.position.file.as_ref();
     let frozen = entry.position.frozen_mount.as_ref();
     RankPlace {
+        filesystem: file
+            .and_then(|f| f.filesystem.as_deref().cloned())
+            .or_else(|| frozen.and_then(|m| m.filesystem.clone())),
+        ns_pid: entry.process.ns_pid,
         rank: entry
             .process
             .worker_of
@@ -708,17 +756,29 @@ fn reason(entry: &Entry, kind: VerdictKind) -> String {
     }
 }
 
-fn fs_words(mount: &str, node: Option<&str>, filesystems: &[FilesystemStatus]) -> String {
+/// Whether the filesystem a rank uses (`mount` as the rank sees it, `key` its identity) answered its probe on
+/// `node`, in words.
+fn fs_words(
+    mount: &str,
+    key: &str,
+    node: Option<&str>,
+    filesystems: &[FilesystemStatus],
+) -> String {
     match filesystems
         .iter()
-        .find(|f| f.mount == mount && f.node.as_deref() == node)
+        .find(|f| f.filesystem_key() == key && f.node.as_deref() == node)
     {
         Some(fs) => {
-            let fstype = fs.fstype.as_deref().unwrap_or("unknown type");
+            // The rank's own path leads: a container's probe result may carry another container's path.
+            let words = FilesystemStatus {
+                mount: mount.to_string(),
+                ..fs.clone()
+            }
+            .words();
             match fs.responsive {
-                Some(false) => format!("{mount} ({fstype}) does not respond"),
-                Some(true) => format!("{mount} ({fstype}) responds"),
-                None => format!("{mount} ({fstype}) could not be probed"),
+                Some(false) => format!("{words} does not respond"),
+                Some(true) => format!("{words} responds"),
+                None => format!("{words} could not be probed"),
             }
         }
         None => format!("{mount} was not probed"),
@@ -829,11 +889,13 @@ fn summarize(
             let (on, fs) = match &p.file {
                 Some(f) => (
                     format!(" on {}", f.path),
-                    f.mount.as_deref().map(|m| format!("; {}", fs_words(m, ctx.node_name(e), filesystems))).unwrap_or_default(),
+                    f.mount.as_deref().map(|m| format!("; {}", fs_words(m, f.filesystem_key().unwrap_or(m), ctx.node_name(e), filesystems))).unwrap_or_default(),
                 ),
                 None if p.frozen_mount.is_some() => {
-                    let m = p.frozen_mount.as_ref().map(|m| m.mount.as_str()).unwrap_or_default();
-                    (" waiting on a frozen superblock".to_string(), format!("; {}", fs_words(m, ctx.node_name(e), filesystems)))
+                    let frozen = p.frozen_mount.as_ref();
+                    let m = frozen.map(|m| m.mount.as_str()).unwrap_or_default();
+                    let key = hangwatch_model::filesystem_key(frozen.and_then(|m| m.filesystem.as_ref()), Some(m)).unwrap_or(m);
+                    (" waiting on a frozen superblock".to_string(), format!("; {}", fs_words(m, key, ctx.node_name(e), filesystems)))
                 }
                 // Named as unknown rather than guessed: the working directory is not the path the call was given.
                 None if p.path_unknown.is_some() => (" (the path it was given could not be read)".to_string(), String::new()),
@@ -900,10 +962,9 @@ fn recommend(
     for fs in filesystems.iter().filter(|f| f.responsive == Some(false)) {
         let node = fs.node.as_deref().unwrap_or("this node");
         out.push(format!(
-            "the filesystem at {} ({}) on {node} does not respond: check the storage; ranks blocked on it cannot \
+            "the filesystem at {} on {node} does not respond: check the storage; ranks blocked on it cannot \
              finish until it answers",
-            fs.mount,
-            fs.fstype.as_deref().unwrap_or("unknown type")
+            fs.words()
         ));
     }
     for &i in culprits {

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeSet;
 
-use hangwatch_model::{Scope, Verdict, VerdictKind};
+use hangwatch_model::{FilesystemStatus, Scope, Verdict, VerdictKind};
 
 /// The scope of `verdict` and the facts it rests on. `fleet_sightings`: other jobs or nodes blocked on the
 /// culprit's mount within the incident window, in words ("job 1240 on n7, 3 min ago"), from the fleet database.
@@ -48,12 +48,13 @@ pub fn scope_of(verdict: &Verdict, fleet_sightings: &[String]) -> (Option<Scope>
 }
 
 fn blocked_scope(verdict: &Verdict, fleet_sightings: &[String]) -> (Option<Scope>, Vec<String>) {
-    let mounts: BTreeSet<&str> = verdict
+    // Filesystems are compared by identity: ranks in containers may call one filesystem by different paths.
+    let Some((key, mount)) = verdict
         .culprits
         .iter()
-        .filter_map(|c| c.mount.as_deref())
-        .collect();
-    let Some(mount) = mounts.iter().next().copied() else {
+        .filter_map(|c| Some((c.filesystem_key()?, c.mount.as_deref()?)))
+        .min()
+    else {
         return (
             None,
             vec!["the blocked call names no mount: cannot tell the node from the storage".into()],
@@ -62,14 +63,14 @@ fn blocked_scope(verdict: &Verdict, fleet_sightings: &[String]) -> (Option<Scope
     let stuck_nodes: BTreeSet<&str> = verdict
         .culprits
         .iter()
-        .filter(|c| c.mount.as_deref() == Some(mount))
+        .filter(|c| c.filesystem_key() == Some(key))
         .filter_map(|c| c.node.as_deref())
         .collect();
     let elsewhere = |responsive: bool| -> Vec<&str> {
         let nodes: BTreeSet<&str> = verdict
             .filesystems
             .iter()
-            .filter(|f| f.mount == mount && f.responsive == Some(responsive))
+            .filter(|f| f.filesystem_key() == key && f.responsive == Some(responsive))
             .filter_map(|f| f.node.as_deref())
             .filter(|n| !stuck_nodes.contains(n))
             .collect();
@@ -128,23 +129,25 @@ pub fn mounts_to_probe_everywhere(verdict: &Verdict, answered: &[String]) -> Vec
     if verdict.kind != VerdictKind::BlockedInKernel {
         return Vec::new();
     }
-    let mounts: BTreeSet<&str> = verdict
+    let mounts: BTreeSet<(&str, &str)> = verdict
         .culprits
         .iter()
-        .filter_map(|c| c.mount.as_deref())
+        .filter_map(|c| Some((c.mount.as_deref()?, c.filesystem_key()?)))
         .collect();
-    mounts
+    let mut out: Vec<String> = mounts
         .into_iter()
-        .filter(|m| {
+        .filter(|(_, key)| {
             answered.iter().any(|node| {
                 !verdict
                     .filesystems
                     .iter()
-                    .any(|f| f.mount == *m && f.node.as_deref() == Some(node.as_str()))
+                    .any(|f| f.filesystem_key() == *key && f.node.as_deref() == Some(node.as_str()))
             })
         })
-        .map(str::to_string)
-        .collect()
+        .map(|(mount, _)| mount.to_string())
+        .collect();
+    out.dedup();
+    out
 }
 
 /// Sets the verdict's scope and its evidence; a storage incident leads the summary and the recommendations (what
@@ -156,31 +159,31 @@ pub fn apply_scope(verdict: &mut Verdict, fleet_sightings: &[String]) {
     if scope != Some(Scope::Filesystem) {
         return;
     }
-    let Some(mount) = verdict.culprits.iter().find_map(|c| c.mount.clone()) else {
+    let Some(culprit) = verdict.culprits.iter().find(|c| c.mount.is_some()) else {
         return;
     };
-    let fstype = verdict
-        .culprits
-        .iter()
-        .find(|c| c.mount.as_deref() == Some(mount.as_str()))
-        .and_then(|c| c.fstype.clone())
-        .or_else(|| {
-            verdict
-                .filesystems
-                .iter()
-                .find(|f| f.mount == mount)
-                .and_then(|f| f.fstype.clone())
-        });
+    let mount = culprit.mount.clone().unwrap_or_default();
+    let key = culprit.filesystem_key().unwrap_or(&mount).to_string();
+    let fstype = culprit.fstype.clone().or_else(|| {
+        verdict
+            .filesystems
+            .iter()
+            .find(|f| f.filesystem_key() == key)
+            .and_then(|f| f.fstype.clone())
+    });
     let silent: BTreeSet<&str> = verdict
         .filesystems
         .iter()
-        .filter(|f| f.mount == mount && f.responsive == Some(false))
+        .filter(|f| f.filesystem_key() == key && f.responsive == Some(false))
         .filter_map(|f| f.node.as_deref())
         .collect();
-    let named = match fstype.as_deref() {
-        Some(t) => format!("{mount} ({t})"),
-        None => mount.clone(),
-    };
+    let named = FilesystemStatus {
+        mount: mount.clone(),
+        fstype,
+        filesystem: culprit.filesystem.clone(),
+        ..FilesystemStatus::default()
+    }
+    .words();
     let lead = if silent.is_empty() {
         format!("storage incident: {named} blocks ranks")
     } else {
@@ -229,6 +232,7 @@ mod tests {
         }
         for (node, mount, responsive) in probes {
             v.filesystems.push(FilesystemStatus {
+                filesystem: None,
                 mount: mount.to_string(),
                 node: Some(node.to_string()),
                 fstype: Some("gpfs".into()),

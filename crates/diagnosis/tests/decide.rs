@@ -56,6 +56,7 @@ fn thread(tid: i32, state: char, wchan: &str, call: &str, file: FileRef) -> Thre
 
 fn socket() -> FileRef {
     FileRef {
+        filesystem: None,
         path: "socket:[77]".into(),
         mount: None,
         fstype: Some("sockfs".into()),
@@ -88,6 +89,7 @@ fn writing_rank(node: &str, rank: u32, local_rank: u32) -> ProcessObservation {
         "percpu_rwsem_wait",
         "write",
         FileRef {
+            filesystem: None,
             path: "/gpfs/run/log.txt".into(),
             mount: Some("/gpfs".into()),
             fstype: Some("gpfs".into()),
@@ -100,6 +102,7 @@ fn writing_rank(node: &str, rank: u32, local_rank: u32) -> ProcessObservation {
 
 fn gpfs_probe(responsive: bool) -> ProbeResult {
     ProbeResult {
+        filesystem: None,
         path: "/gpfs".into(),
         mount: Some("/gpfs".into()),
         fstype: Some("gpfs".into()),

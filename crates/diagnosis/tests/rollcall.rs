@@ -68,6 +68,7 @@ fn in_call(
         args: vec![3, 0, 100],
         fd: Some(3),
         file: Some(FileRef {
+            filesystem: None,
             path: path.into(),
             mount: Some(mount.into()),
             fstype: Some(fstype.into()),
@@ -100,6 +101,7 @@ fn ranks(n: u32) -> Vec<ProcessObservation> {
 
 fn probe(mount: &str, fstype: &str, responsive: bool) -> ProbeResult {
     ProbeResult {
+        filesystem: None,
         path: mount.into(),
         mount: Some(mount.into()),
         fstype: Some(fstype.into()),

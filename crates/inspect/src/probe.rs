@@ -11,6 +11,11 @@
 //! A frozen ext4 or GPFS still answers `stat` and `statfs` from memory and blocks only writers, hence the write
 //! step. A stopped FUSE daemon or a dead NFS server blocks `stat` already. The parent never touches the path
 //! itself: it reads the mount table, which never blocks, and leaves everything else to the child.
+//!
+//! A rank in a container has mounts of its own: its `/data` is not hangwatch's `/data`. Such a mount is probed
+//! in the rank's namespace ([`ProbeTarget::in_root_of`]): the child reaches it through `/proc/PID/root`, which
+//! the kernel resolves in that process's root and mounts, so nothing is ever written into a directory of
+//! hangwatch's own namespace that merely has the same name.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -84,14 +89,21 @@ pub struct ChildRequest {
     /// Probe files that earlier, abandoned children may have left on this mount; removed after a successful
     /// write step (a child killed while stuck in `open` leaves its file behind once the filesystem recovers).
     pub cleanup: Vec<PathBuf>,
+    /// `path` is in the mount namespace of this process (a rank in a container), not in the child's own.
+    pub in_root_of: Option<i32>,
 }
 
 impl ChildRequest {
-    /// Arguments after `hangwatch __probe-child`: `[--read-only] --probe-file NAME [--cleanup FILE]... -- PATH`.
+    /// Arguments after `hangwatch __probe-child`:
+    /// `[--read-only] [--in-root-of PID] --probe-file NAME [--cleanup FILE]... -- PATH`.
     pub fn to_args(&self) -> Vec<OsString> {
         let mut args = Vec::new();
         if !self.write {
             args.push("--read-only".into());
+        }
+        if let Some(pid) = self.in_root_of {
+            args.push("--in-root-of".into());
+            args.push(pid.to_string().into());
         }
         args.push("--probe-file".into());
         args.push(self.probe_file_name.clone().into());
@@ -172,10 +184,36 @@ pub struct MountRef {
     pub source: String,
 }
 
+/// A mount to probe as a rank sees it: in the rank's own mount namespace when that is not hangwatch's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeTarget {
+    /// The mount point (or any path) in the namespace it is seen from.
+    pub path: String,
+    /// A process whose mount namespace `path` is in, when not hangwatch's (a rank in a container); `None`: the
+    /// path is hangwatch's own.
+    pub in_root_of: Option<i32>,
+    /// The mount as that namespace's table says, when known (the child's own lookup is used otherwise).
+    pub mount: Option<MountRef>,
+    /// Which filesystem it is: one probe per filesystem is ever outstanding, whichever path names it.
+    pub filesystem: Option<hangwatch_model::FilesystemId>,
+}
+
+impl ProbeTarget {
+    /// `path` in hangwatch's own namespace.
+    pub fn own(path: impl Into<String>) -> Self {
+        ProbeTarget {
+            path: path.into(),
+            in_root_of: None,
+            mount: None,
+            filesystem: None,
+        }
+    }
+}
+
 /// A probe interpreted: the result, or the finding that the path does not exist.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Interpretation {
-    Result(ProbeResult),
+    Result(Box<ProbeResult>),
     NotFound { reason: String },
 }
 
@@ -283,7 +321,8 @@ pub fn interpret(
         ChildEnd::Exited { .. } => judge_returned_steps(&ended),
     };
 
-    Interpretation::Result(ProbeResult {
+    Interpretation::Result(Box::new(ProbeResult {
+        filesystem: None,
         path: path.to_string(),
         mount: mount.map(|m| m.mount.clone()),
         fstype: mount.map(|m| m.fstype.clone()),
@@ -292,7 +331,7 @@ pub fn interpret(
         elapsed_ms: elapsed.as_millis() as u64,
         detail,
         steps,
-    })
+    }))
 }
 
 /// Every step came back; decide from the errors they came back with.
@@ -486,7 +525,7 @@ impl Prober {
         options: &ProbeOptions,
     ) -> Result<ProbeResult, ProbeError> {
         let table = read_mount_table();
-        let target = Target::new(path, table.as_ref());
+        let target = Target::new(&ProbeTarget::own(path.to_string_lossy()), table.as_ref());
         let mut state = self.take_state(&target.key);
         let result = probe_one(&self.child_command, &mut state, &target, options);
         self.keep_state(target.key, state);
@@ -500,10 +539,24 @@ impl Prober {
         paths: &[P],
         options: &ProbeOptions,
     ) -> Vec<Result<ProbeResult, ProbeError>> {
+        let targets: Vec<ProbeTarget> = paths
+            .iter()
+            .map(|p| ProbeTarget::own(p.as_ref().to_string_lossy()))
+            .collect();
+        self.probe_targets(&targets, options)
+    }
+
+    /// [`Prober::probe_all`] for mounts as ranks see them, each in its own mount namespace: the results name the
+    /// path as the rank sees it, and carry the target's filesystem identity.
+    pub fn probe_targets(
+        &mut self,
+        targets: &[ProbeTarget],
+        options: &ProbeOptions,
+    ) -> Vec<Result<ProbeResult, ProbeError>> {
         let table = read_mount_table();
         let mut groups: Vec<Vec<(usize, Target)>> = Vec::new();
-        for (index, path) in paths.iter().enumerate() {
-            let target = Target::new(path.as_ref(), table.as_ref());
+        for (index, wanted) in targets.iter().enumerate() {
+            let target = Target::new(wanted, table.as_ref());
             match groups.iter_mut().find(|g| g[0].1.key == target.key) {
                 Some(group) => group.push((index, target)),
                 None => groups.push(vec![(index, target)]),
@@ -574,23 +627,43 @@ impl Prober {
     }
 }
 
-/// A path to probe, with its mount as the parent's mount table says.
+/// A path to probe, with its mount as the mount table of its namespace says.
 #[derive(Debug)]
 struct Target {
     path: PathBuf,
     mount: Option<MountRef>,
-    /// Mount point, or the path itself when the mount is unknown: at most one probe per key is outstanding.
+    in_root_of: Option<i32>,
+    filesystem: Option<hangwatch_model::FilesystemId>,
+    /// The filesystem's identity, else the mount point (in its namespace), else the path itself when the mount
+    /// is unknown: at most one probe per key is outstanding.
     key: String,
 }
 
 impl Target {
-    fn new(path: &Path, table: Option<&MountTable>) -> Self {
-        let path = absolute_lexically(path);
-        let mount = table.and_then(|t| mount_of(t, &path));
-        let key = mount
-            .as_ref()
-            .map_or_else(|| path.to_string_lossy().into_owned(), |m| m.mount.clone());
-        Target { path, mount, key }
+    /// `own`: hangwatch's mount table, for a target in its own namespace.
+    fn new(wanted: &ProbeTarget, own: Option<&MountTable>) -> Self {
+        let path = match wanted.in_root_of {
+            // Another namespace's path is already absolute there (a mount point from its table).
+            Some(_) => PathBuf::from(&wanted.path),
+            None => absolute_lexically(Path::new(&wanted.path)),
+        };
+        let mount = wanted.mount.clone().or_else(|| match wanted.in_root_of {
+            None => own.and_then(|t| mount_of(t, &path)),
+            Some(_) => None,
+        });
+        let key = match (&wanted.filesystem, &mount, wanted.in_root_of) {
+            (Some(id), _, _) => id.key.clone(),
+            (None, Some(m), None) => m.mount.clone(),
+            (None, Some(m), Some(pid)) => format!("{} in the namespace of pid {pid}", m.mount),
+            (None, None, _) => path.to_string_lossy().into_owned(),
+        };
+        Target {
+            path,
+            mount,
+            in_root_of: wanted.in_root_of,
+            filesystem: wanted.filesystem.clone(),
+            key,
+        }
     }
 }
 
@@ -605,7 +678,9 @@ fn probe_one(
     let path_text = path.to_string_lossy().into_owned();
     state.reap();
     if let Some(stuck) = &state.stuck {
-        return Ok(still_stuck(&path_text, mount, stuck));
+        let mut result = still_stuck(&path_text, mount, stuck);
+        result.filesystem = target.filesystem.clone();
+        return Ok(result);
     }
     let request = ChildRequest {
         path: path.to_path_buf(),
@@ -616,6 +691,7 @@ fn probe_one(
             PROBE_SEQ.fetch_add(1, Ordering::Relaxed)
         ),
         cleanup: std::mem::take(&mut state.leftovers),
+        in_root_of: target.in_root_of,
     };
     let mut cmd = command(&request);
     cmd.current_dir("/");
@@ -677,7 +753,10 @@ fn probe_one(
         }
     }
     match interpret(&path_text, mount, &events, &end, options.timeout, elapsed) {
-        Interpretation::Result(result) => Ok(result),
+        Interpretation::Result(mut result) => {
+            result.filesystem = target.filesystem.clone();
+            Ok(*result)
+        }
         Interpretation::NotFound { reason } => Err(ProbeError::NotFound {
             path: path_text,
             reason,
@@ -702,6 +781,7 @@ fn still_stuck(path: &str, mount: Option<&MountRef>, stuck: &StuckProbe) -> Prob
     let age = stuck.child.started.elapsed();
     let step = stuck.step.as_deref();
     ProbeResult {
+        filesystem: None,
         path: path.to_string(),
         mount: mount.map(|m| m.mount.clone()),
         fstype: mount.map(|m| m.fstype.clone()),
@@ -730,7 +810,11 @@ fn still_stuck(path: &str, mount: Option<&MountRef>, stuck: &StuckProbe) -> Prob
 }
 
 fn read_mount_table() -> Option<MountTable> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    read_mount_table_at(Path::new("/proc/self/mountinfo"))
+}
+
+fn read_mount_table_at(file: &Path) -> Option<MountTable> {
+    let text = std::fs::read_to_string(file).ok()?;
     parse_mountinfo(&text).ok()
 }
 
@@ -775,18 +859,33 @@ pub fn child_main(request: &ChildRequest) -> i32 {
         }
     };
 
+    // In another namespace the path is reached through the process's root; canonicalizing it there would name
+    // a path of hangwatch's own namespace, so it is only stat'ed (a mount point from mountinfo has no symlinks).
+    let (fs_path, table_of) = match request.in_root_of {
+        Some(pid) => (
+            in_root_of(pid, &request.path),
+            PathBuf::from(format!("/proc/{pid}/mountinfo")),
+        ),
+        None => (request.path.clone(), PathBuf::from("/proc/self/mountinfo")),
+    };
     let mut resolved = None;
-    let stat = run_step(&mut emit, STAT, None, || match stat_path(&request.path) {
-        Ok(found) => {
-            resolved = Some(found);
-            StepOutcome::Ok
+    let stat = run_step(&mut emit, STAT, None, || {
+        match stat_path(&fs_path, request.in_root_of.is_none()) {
+            Ok(found) => {
+                resolved = Some(found);
+                StepOutcome::Ok
+            }
+            Err(e) => io_outcome(&e),
         }
-        Err(e) => io_outcome(&e),
     });
     let (Some((real, is_dir)), true) = (resolved, stat) else {
         return 1;
     };
-    if let Some(mount) = read_mount_table().and_then(|t| mount_of(&t, &real)) {
+    let seen_as = match request.in_root_of {
+        Some(_) => request.path.clone(),
+        None => real.clone(),
+    };
+    if let Some(mount) = read_mount_table_at(&table_of).and_then(|t| mount_of(&t, &seen_as)) {
         emit(&ChildEvent::Mount {
             mount: mount.mount,
             fstype: mount.fstype,
@@ -863,11 +962,26 @@ fn run_step(
     ok
 }
 
-/// Resolves symlinks (this touches every component, so it is part of the timed step) and stats the result.
-fn stat_path(path: &Path) -> std::io::Result<(PathBuf, bool)> {
-    let real = std::fs::canonicalize(path)?;
+/// Resolves symlinks (this touches every component, so it is part of the timed step) and stats the result;
+/// without `canonicalize`, only stats it.
+fn stat_path(path: &Path, canonicalize: bool) -> std::io::Result<(PathBuf, bool)> {
+    let real = if canonicalize {
+        std::fs::canonicalize(path)?
+    } else {
+        path.to_path_buf()
+    };
     let meta = std::fs::metadata(&real)?;
     Ok((real, meta.is_dir()))
+}
+
+/// `path` (absolute in the mount namespace of `pid`) as reached from any namespace: `/proc/PID/root/path`.
+pub fn in_root_of(pid: i32, path: &Path) -> PathBuf {
+    let mut out = PathBuf::from(format!("/proc/{pid}/root"));
+    out.extend(
+        path.components()
+            .filter(|c| matches!(c, Component::Normal(_))),
+    );
+    out
 }
 
 /// Create, write, fsync and remove a hidden file: what a writer to this filesystem would have to get through.
@@ -940,7 +1054,7 @@ mod tests {
 
     fn result(i: Interpretation) -> ProbeResult {
         match i {
-            Interpretation::Result(r) => r,
+            Interpretation::Result(r) => *r,
             other => panic!("expected a result, got {other:?}"),
         }
     }
@@ -1161,6 +1275,7 @@ mod tests {
     #[test]
     fn request_arguments_end_with_the_path_after_a_separator() {
         let request = ChildRequest {
+            in_root_of: None,
             path: "/-weird".into(),
             write: false,
             probe_file_name: ".hangwatch-probe-1-2".into(),
@@ -1209,6 +1324,7 @@ mod tests {
         let stale = dir.path().join(".hangwatch-probe-0-0");
         std::fs::write(&stale, b"left by a stuck child").unwrap();
         let request = ChildRequest {
+            in_root_of: None,
             path: dir.path().to_path_buf(),
             write: true,
             probe_file_name: ".hangwatch-probe-test-1".into(),

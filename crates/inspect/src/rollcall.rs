@@ -13,15 +13,17 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use hangwatch_diagnosis::{mounts_to_probe, superblock_waiter};
+use hangwatch_diagnosis::{mounts_to_probe_as_seen, superblock_waiter};
 use hangwatch_model::{
     NodeObservations, ProbeResult, ProcId, ProcessObservation, SyscallObservation, WorkerOf,
     NODE_OBSERVATIONS_VERSION,
 };
 use hangwatch_proc::{observe_process, resolve_file_ref, MountTable, ProcFs, ReadError};
 
+use crate::namespaces::{same_filesystem, MountViews};
 use crate::paths::{absolute, read_strings, StringAt};
 use crate::prepared::PreparedStacks;
+use crate::probe::ProbeTarget;
 use crate::pystack::{read_python_processes, PythonProcessReport, StackReadOptions};
 
 /// How to take a roll call.
@@ -147,14 +149,14 @@ fn in_parallel<T: Send>(pids: &[i32], f: impl Fn(i32) -> T + Sync) -> Vec<T> {
     })
 }
 
-/// Observes `pids`, with what the caller already `known`s about them; `probe` probes the named mounts (the caller
-/// owns the prober, so that a stuck probe is not restarted).
+/// Observes `pids`, with what the caller already `known`s about them; `probe` probes the named mounts, each as
+/// the ranks see it (the caller owns the prober, so that a stuck probe is not restarted).
 pub fn take_roll_call(
     procfs: &ProcFs,
     pids: &[i32],
     known: &HashMap<i32, KnownProcess>,
     options: &RollCallOptions,
-    probe: impl FnOnce(&[String]) -> Vec<ProbeResult>,
+    probe: impl FnOnce(&[ProbeTarget]) -> Vec<ProbeResult>,
 ) -> RollCall {
     let started = Instant::now();
     let clk_tck = hangwatch_proc::clk_tck();
@@ -308,28 +310,34 @@ pub fn take_roll_call(
         }
     }
 
+    // Paths and mounts as each rank sees them: a rank in a container has its own.
+    let views = MountViews::read(procfs, &observations);
+    views.identify(&mut observations);
+
     let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
-    let mut mounts = mounts_to_probe(&observations, window_ms);
-    for m in &options.extra_probes {
-        if !mounts.contains(m) {
-            mounts.push(m.clone());
+    let mut targets: Vec<ProbeTarget> = Vec::new();
+    let mut add = |target: ProbeTarget| {
+        if !targets.iter().any(|t| same_filesystem(t, &target)) {
+            targets.push(target);
         }
+    };
+    for m in mounts_to_probe_as_seen(&observations, window_ms) {
+        add(views.target(&m));
+    }
+    for m in &options.extra_probes {
+        add(views.target_for_mount(m, pids));
     }
     // A writer waiting on a frozen superblock names no file: every writable mount it can see is probed (each in
     // its own child, under the probe deadline), and the decision names the one that does not answer.
     if let Some(pid) = superblock_waiter(&observations, window_ms) {
-        if let Ok(table) = procfs.mountinfo(pid) {
-            for m in table.writable_data_mounts() {
-                if !mounts.contains(&m.mount_point) {
-                    mounts.push(m.mount_point.clone());
-                }
-            }
+        for target in views.writable_targets(pid) {
+            add(target);
         }
     }
-    let probes = if mounts.is_empty() {
+    let probes = if targets.is_empty() {
         Vec::new()
     } else {
-        probe(&mounts)
+        probe(&targets)
     };
     let (ranks, workers) = observations
         .into_iter()

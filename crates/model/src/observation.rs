@@ -42,6 +42,13 @@ pub struct ProcessObservation {
     /// How it died, when it exited and its supervisor gathered why (`run` with ranks it started).
     #[serde(default)]
     pub death: Option<crate::RankDeath>,
+    /// Its pid in its own pid namespace (the last of `NSpid` in /proc/PID/status), when that differs from `pid`:
+    /// what `ps` shows inside the container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<i32>,
+    /// It lives in a mount namespace other than hangwatch's (a container): its paths and mounts are its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub other_mount_namespace: bool,
 }
 
 /// Where a process's rank number came from, as the evidence says it. The order in which sources are tried is
@@ -180,15 +187,77 @@ pub struct PathArg {
 }
 
 /// A file a thread is using, resolved without touching its filesystem.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FileRef {
-    /// `readlink` of /proc/PID/fd/N (`/shared/log.txt`, `socket:[1234]`, `pipe:[5678]`).
+    /// `readlink` of /proc/PID/fd/N (`/shared/log.txt`, `socket:[1234]`, `pipe:[5678]`), as the process sees it
+    /// (in its own mount namespace).
     pub path: String,
-    /// Mount point containing it (from fdinfo mnt_id and mountinfo).
+    /// Mount point containing it (from fdinfo mnt_id and the process's own mountinfo).
     pub mount: Option<String>,
     pub fstype: Option<String>,
     /// Mount source (device, server:/export), when known.
     pub source: Option<String>,
+    /// Which filesystem that is, the same whatever path a container binds it at (boxed: a thread's syscall
+    /// observation stays small).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<Box<FilesystemId>>,
+}
+
+impl FileRef {
+    /// What names its filesystem when filesystems are compared (across ranks, nodes, jobs): the identity's key,
+    /// else the mount point (observations from before identities were kept).
+    pub fn filesystem_key(&self) -> Option<&str> {
+        filesystem_key(self.filesystem.as_deref(), self.mount.as_deref())
+    }
+}
+
+/// The key a filesystem is compared by: its identity's when known, else the mount point.
+pub fn filesystem_key<'a>(id: Option<&'a FilesystemId>, mount: Option<&'a str>) -> Option<&'a str> {
+    id.map(|id| id.key.as_str()).or(mount)
+}
+
+/// What identifies a mounted filesystem across mount namespaces: a rank in a container sees the shared
+/// filesystem at a path of the container's choosing (`/data`), the node at another (`/gpfs/project`). Built from
+/// mountinfo only (`hangwatch_proc::filesystem_id`), never by touching the filesystem.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesystemId {
+    /// What filesystems are compared by: `fstype source` for a network filesystem (`nfs4 srv:/export`,
+    /// `gpfs gpfs1`: the same on every node); else the mount point in hangwatch's own namespace of the
+    /// filesystem (`/srv/shared`); else the device numbers (`fuse dev 0:52`, a filesystem only a container
+    /// mounts).
+    pub key: String,
+    /// `major:minor` of the filesystem (st_dev): the same in every mount namespace of one node.
+    pub device: String,
+    pub fstype: String,
+    /// `/dev/vda1`, `server:/export`, the GPFS or Lustre filesystem's name.
+    pub source: String,
+    /// The directory of the filesystem that the mount shows (`/` unless it binds a part of it).
+    pub root: String,
+    /// The mount point in hangwatch's own mount namespace (the node's, for the node service or a `run` outside
+    /// the container) where that filesystem is mounted, when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_mount: Option<String>,
+    /// Where the mount's directory is in hangwatch's namespace (`/srv/shared/run7` for a container's `/data`
+    /// bound from there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+    /// The mount was seen in a mount namespace other than hangwatch's (a container's).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub other_namespace: bool,
+}
+
+impl FilesystemId {
+    /// How a person is told where a container's mount is: "= /srv/shared on the host" (empty when the mount is
+    /// in hangwatch's own namespace, or the node does not mount that filesystem).
+    pub fn host_words(&self) -> Option<String> {
+        if !self.other_namespace {
+            return None;
+        }
+        Some(match &self.host_path {
+            Some(path) => format!("{path} on the host"),
+            None => format!("{} {} (not mounted on the host)", self.fstype, self.source),
+        })
+    }
 }
 
 /// One thread's Python stack, innermost frame first.
@@ -217,7 +286,7 @@ impl PythonFrame {
 }
 
 /// Result of probing one filesystem.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProbeResult {
     /// The path that was asked about.
     pub path: String,
@@ -233,6 +302,17 @@ pub struct ProbeResult {
     pub detail: String,
     /// The probe steps that ran, each with its outcome.
     pub steps: Vec<ProbeStep>,
+    /// Which filesystem was probed (the mount as the ranks see it: a container's is probed in its own
+    /// namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<FilesystemId>,
+}
+
+impl ProbeResult {
+    /// See [`FileRef::filesystem_key`].
+    pub fn filesystem_key(&self) -> Option<&str> {
+        filesystem_key(self.filesystem.as_ref(), self.mount.as_deref())
+    }
 }
 
 /// One step of a filesystem probe.

@@ -114,6 +114,20 @@ pub struct Verdict {
     /// rank is stuck"; "one node alone, no fleet history: cannot tell the node from the storage").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scope_evidence: Vec<String>,
+    /// Whose pids `pid` fields are: the node's (the node service, a `run` outside the container) or a container's
+    /// (a `run` inside one). Absent when not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<PidView>,
+}
+
+/// Which pid namespace the pids of a verdict are numbered in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PidView {
+    /// The node's own (initial) pid namespace: what `ps` on the node shows.
+    Host,
+    /// A container's: hangwatch runs inside the container with its ranks.
+    Container,
 }
 
 /// What a fault belongs to.
@@ -182,6 +196,7 @@ impl Verdict {
             activity,
             scope,
             scope_evidence,
+            pids,
         } = self;
         Verdict {
             version: *version,
@@ -202,6 +217,7 @@ impl Verdict {
             activity: activity.clone(),
             scope: *scope,
             scope_evidence: scope_evidence.clone(),
+            pids: *pids,
         }
     }
 
@@ -226,6 +242,7 @@ impl Verdict {
             activity: None,
             scope: None,
             scope_evidence: Vec::new(),
+            pids: None,
         }
     }
 }
@@ -254,6 +271,12 @@ pub struct RankPlace {
     pub path: Option<String>,
     pub mount: Option<String>,
     pub fstype: Option<String>,
+    /// Which filesystem `mount` is, and where the node has it when the rank runs in a container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<crate::FilesystemId>,
+    /// The rank's pid in its own pid namespace, when that differs from `pid` (a container's `ps`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<i32>,
     /// How long the telling thread had not run when observed (no context switch), in milliseconds.
     #[serde(default)]
     pub not_running_for_ms: Option<u64>,
@@ -306,6 +329,13 @@ impl Culprit {
             exit_code: None,
             death: None,
         }
+    }
+}
+
+impl RankPlace {
+    /// See [`crate::FileRef::filesystem_key`].
+    pub fn filesystem_key(&self) -> Option<&str> {
+        crate::filesystem_key(self.filesystem.as_ref(), self.mount.as_deref())
     }
 }
 
@@ -365,8 +395,9 @@ pub struct Group {
 }
 
 /// Whether a filesystem a rank is blocked on answers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FilesystemStatus {
+    /// The mount point as the ranks see it (in a container: the container's path).
     pub mount: String,
     /// The node whose probe this is: the same mount can answer on one node and not on another.
     #[serde(default)]
@@ -377,6 +408,29 @@ pub struct FilesystemStatus {
     /// What the probe saw, e.g. "write probe did not return within 1s".
     #[serde(default)]
     pub detail: Option<String>,
+    /// Which filesystem it is, whatever path the ranks' container binds it at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<crate::FilesystemId>,
+}
+
+impl FilesystemStatus {
+    /// See [`crate::FileRef::filesystem_key`].
+    pub fn filesystem_key(&self) -> &str {
+        crate::filesystem_key(self.filesystem.as_ref(), Some(&self.mount)).unwrap_or(&self.mount)
+    }
+
+    /// The mount in words: "/data (ext4)", or "/data in the container = /srv/shared on the host (ext4)".
+    pub fn words(&self) -> String {
+        let fstype = self.fstype.as_deref().unwrap_or("unknown type");
+        match self
+            .filesystem
+            .as_ref()
+            .and_then(crate::FilesystemId::host_words)
+        {
+            Some(host) => format!("{} in the container = {host} ({fstype})", self.mount),
+            None => format!("{} ({fstype})", self.mount),
+        }
+    }
 }
 
 /// Something hangwatch did about the hang.

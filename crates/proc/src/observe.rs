@@ -151,6 +151,7 @@ pub fn observe_process(
         tracer_pid: second.tracer_pid(),
         sigstop_pending: second.pending().sigstop(),
         read_issues: first.issues.iter().chain(&second.issues).cloned().collect(),
+        ns_pid: second.status.as_ref().and_then(Status::inner_pid),
         ..ProcessObservation::default()
     }
 }
@@ -432,6 +433,7 @@ mod tests {
         let observed = observe_threads(&sample, &sample, SECOND, 100, |target| {
             asked.push(target);
             Some(FileRef {
+                filesystem: None,
                 path: "/shared/log.txt".into(),
                 mount: Some("/shared".into()),
                 fstype: Some("ext4".into()),

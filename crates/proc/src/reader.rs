@@ -131,6 +131,12 @@ impl ProcFs {
         self.parse(pid, None, path, parse_fdinfo)
     }
 
+    /// The process's mount namespace (`readlink /proc/PID/ns/mnt`, `mnt:[4026531841]`): two processes with the
+    /// same one see the same mounts at the same paths.
+    pub fn mount_namespace(&self, pid: i32) -> Result<String, ReadError> {
+        self.link(pid, self.pid_dir(pid).join("ns").join("mnt"))
+    }
+
     /// The process's mount table (its own mount namespace).
     pub fn mountinfo(&self, pid: i32) -> Result<MountTable, ReadError> {
         self.parse(

@@ -30,6 +30,8 @@ pub fn resolve_file_ref(link: &str, mnt_id: Option<u32>, mounts: Option<&MountTa
         mount: mount.map(|m| m.mount_point.clone()),
         fstype: mount.map(|m| m.fstype.clone()),
         source: mount.map(|m| m.source.clone()),
+        // Needs hangwatch's own mount table too: see `filesystem_id`.
+        filesystem: None,
     }
 }
 
@@ -54,6 +56,7 @@ mod tests {
         assert_eq!(
             file,
             FileRef {
+                filesystem: None,
                 path: "/shared/log.txt".into(),
                 mount: Some("/shared".into()),
                 fstype: Some("ext4".into()),

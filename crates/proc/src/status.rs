@@ -69,6 +69,20 @@ pub struct Status {
     /// kernel stacks and the kernel log.
     #[serde(default)]
     pub cap_eff: Option<u64>,
+    /// The pid in each pid namespace it is in, outermost first (`NSpid`): one entry outside containers, the
+    /// last being what `ps` inside the container shows.
+    #[serde(default)]
+    pub ns_pids: Vec<i32>,
+}
+
+impl Status {
+    /// The pid in its innermost pid namespace, when that is not the one this file was read from (a container).
+    pub fn inner_pid(&self) -> Option<i32> {
+        match self.ns_pids.as_slice() {
+            [_, .., inner] => Some(*inner),
+            _ => None,
+        }
+    }
 }
 
 impl Status {
@@ -112,6 +126,12 @@ pub fn parse_status(text: &str) -> Result<Status, ParseError> {
                 let euid = value.split_whitespace().nth(1).unwrap_or(value);
                 status.euid = Some(number(euid, "Uid")?);
             }
+            "NSpid" => {
+                status.ns_pids = value
+                    .split_whitespace()
+                    .map(|p| number(p, "NSpid"))
+                    .collect::<Result<_, _>>()?
+            }
             "CapEff" => status.cap_eff = Some(mask(value, "CapEff")?.0),
             "VmRSS" => {
                 let kb = value.strip_suffix("kB").unwrap_or(value).trim();
@@ -148,6 +168,16 @@ fn number<T: std::str::FromStr>(value: &str, field: &'static str) -> Result<T, P
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn nspid_gives_the_pid_inside_a_container() {
+        let outside = parse_status("Name:\tpython\nNSpid:\t5649\n").unwrap();
+        assert_eq!(outside.ns_pids, vec![5649]);
+        assert_eq!(outside.inner_pid(), None);
+        let inside = parse_status("Name:\tpython\nNSpid:\t5649\t12\t3\n").unwrap();
+        assert_eq!(inside.inner_pid(), Some(3));
+        assert!(parse_status("Name:\tx\nNSpid:\t5649 x\n").is_err());
+    }
+
     use super::*;
     use proptest::prelude::*;
 

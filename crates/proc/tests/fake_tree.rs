@@ -187,6 +187,7 @@ fn blocked_writer_and_spinner_end_to_end() {
         args: vec![3, 0x7f462c751fa0, 0x1c, 0, 0, 0],
         fd: Some(3),
         file: Some(FileRef {
+            filesystem: None,
             path: "/shared/log.txt".into(),
             mount: Some("/shared".into()),
             fstype: Some("ext4".into()),

@@ -153,7 +153,10 @@ fn select_pids(
 }
 
 /// Probes each mount in a sacrificial child, different mounts in parallel, each under `timeout`.
-fn probe_mounts(mounts: &[String], timeout: Duration) -> Vec<hangwatch_model::ProbeResult> {
+fn probe_mounts(
+    mounts: &[hangwatch_inspect::probe::ProbeTarget],
+    timeout: Duration,
+) -> Vec<hangwatch_model::ProbeResult> {
     let mut prober = match Prober::new() {
         Ok(prober) => prober,
         Err(e) => {
@@ -166,7 +169,7 @@ fn probe_mounts(mounts: &[String], timeout: Duration) -> Vec<hangwatch_model::Pr
         write: true,
     };
     prober
-        .probe_all(mounts, &options)
+        .probe_targets(mounts, &options)
         .into_iter()
         .filter_map(|r| {
             r.map_err(|e| tracing::warn!(error = %e, "probe failed"))

@@ -55,6 +55,9 @@ pub struct ChildArgs {
     /// Probe files left behind by earlier stuck probes, removed once a write succeeds.
     #[arg(long, value_name = "FILE")]
     cleanup: Vec<PathBuf>,
+    /// PATH is in the mount namespace of this process (a rank in a container).
+    #[arg(long, value_name = "PID")]
+    in_root_of: Option<i32>,
 }
 
 #[derive(Serialize)]
@@ -122,6 +125,7 @@ pub fn run_child(args: ChildArgs) -> anyhow::Result<ExitCode> {
         write: !args.read_only,
         probe_file_name: args.probe_file,
         cleanup: args.cleanup,
+        in_root_of: args.in_root_of,
     };
     let code = child_main(&request);
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
@@ -133,6 +137,7 @@ mod tests {
 
     fn result(responsive: Option<bool>) -> ProbeResult {
         ProbeResult {
+            filesystem: None,
             path: "/x".into(),
             mount: None,
             fstype: None,
@@ -166,6 +171,7 @@ mod tests {
             args: ChildArgs,
         }
         let request = ChildRequest {
+            in_root_of: None,
             path: "/--odd path".into(),
             write: false,
             probe_file_name: ".hangwatch-probe-7-1".into(),

@@ -59,6 +59,7 @@ fn rank(node: &str, rank: u32, local_rank: u32, stuck: bool) -> ProcessObservati
             "percpu_rwsem_wait",
             "write",
             FileRef {
+                filesystem: None,
                 path: "/gpfs/run/log.txt".into(),
                 mount: Some("/gpfs".into()),
                 fstype: Some("gpfs".into()),
@@ -72,6 +73,7 @@ fn rank(node: &str, rank: u32, local_rank: u32, stuck: bool) -> ProcessObservati
             "sk_wait_data",
             "recvfrom",
             FileRef {
+                filesystem: None,
                 path: "socket:[77]".into(),
                 mount: None,
                 fstype: Some("sockfs".into()),
@@ -104,6 +106,7 @@ pub fn incident_node(node_rank: u32, per_node: u32) -> NodeObservations {
         .collect();
     if node_rank == 0 {
         obs.probes.push(ProbeResult {
+            filesystem: None,
             path: "/gpfs".into(),
             mount: Some("/gpfs".into()),
             fstype: Some("gpfs".into()),
