@@ -250,17 +250,24 @@ pub fn bad_nodes(verdict: &Verdict) -> Vec<String> {
     nodes
 }
 
-/// Mounts that blocked a rank and did not answer their probe: what the next attempt waits for.
+/// Mounts that blocked a rank and did not answer their probe: what the next attempt waits for, as paths of
+/// hangwatch's own namespace (the next attempt's containers do not exist yet): a container's mount by where the
+/// node has that directory; one the node does not mount at all is left to the next container.
 pub fn blamed_mounts(verdict: &Verdict) -> Vec<String> {
     let mut mounts: Vec<String> = verdict
         .culprits
         .iter()
-        .filter_map(|c| c.mount.clone())
-        .filter(|m| {
-            verdict
-                .filesystems
-                .iter()
-                .any(|f| &f.mount == m && f.responsive == Some(false))
+        .filter(|c| {
+            c.filesystem_key().is_some_and(|key| {
+                verdict
+                    .filesystems
+                    .iter()
+                    .any(|f| f.filesystem_key() == key && f.responsive == Some(false))
+            })
+        })
+        .filter_map(|c| match &c.filesystem {
+            Some(id) if id.other_namespace => id.host_path.clone(),
+            _ => c.mount.clone(),
         })
         .collect();
     mounts.sort();
@@ -400,6 +407,42 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_next_attempt_waits_for_a_containers_mount_by_the_nodes_path() {
+        let mut v = verdict(VerdictKind::BlockedInKernel, "n2");
+        let id = hangwatch_model::FilesystemId {
+            key: "/srv/shared".into(),
+            device: "7:3".into(),
+            fstype: "ext4".into(),
+            source: "/dev/loop3".into(),
+            root: "/run7".into(),
+            host_mount: Some("/srv/shared".into()),
+            host_path: Some("/srv/shared/run7".into()),
+            other_namespace: true,
+        };
+        v.culprits[0].at.mount = Some("/data".into());
+        v.culprits[0].at.filesystem = Some(id.clone());
+        v.filesystems.push(FilesystemStatus {
+            // another rank's container called it /scratch: the same filesystem
+            mount: "/scratch".into(),
+            node: Some("n2".into()),
+            fstype: Some("ext4".into()),
+            responsive: Some(false),
+            detail: None,
+            filesystem: Some(id.clone()),
+        });
+        assert_eq!(blamed_mounts(&v), vec!["/srv/shared/run7"]);
+        // a FUSE mount only the container had: nothing on the node to wait for
+        v.culprits[0].at.filesystem = Some(hangwatch_model::FilesystemId {
+            key: "fuse dev 0:77".into(),
+            host_mount: None,
+            host_path: None,
+            ..id.clone()
+        });
+        v.filesystems[0].filesystem = v.culprits[0].at.filesystem.clone();
+        assert!(blamed_mounts(&v).is_empty());
     }
 
     #[test]

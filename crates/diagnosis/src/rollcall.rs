@@ -48,6 +48,7 @@ impl RollCallInput {
             .cloned()
             .partition(|p| p.worker_of.is_none());
         NodeObservations {
+            pids: None,
             version: NODE_OBSERVATIONS_VERSION,
             node: self.node.clone(),
             observed_at_unix_s: self.now_unix_s,
@@ -539,8 +540,13 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         }
     }
 
+    // Pids are the node's unless every agent watched from inside a container.
+    let views: BTreeSet<_> = nodes.iter().filter_map(|n| n.pids).collect();
     let mut verdict = Verdict {
-        pids: None,
+        pids: match views.into_iter().collect::<Vec<_>>().as_slice() {
+            [one] => Some(*one),
+            _ => None,
+        },
         version: VERDICT_VERSION,
         kind,
         summary,
@@ -793,6 +799,9 @@ fn who(entry: &Entry, ctx: &Ctx) -> String {
     }
     if entry.process.worker_of.is_none() {
         parts.push(format!("pid {}", entry.process.pid));
+        if let Some(inner) = entry.process.ns_pid {
+            parts.push(format!("pid {inner} in its container"));
+        }
     }
     format!("{} ({})", entry.label(), parts.join(", "))
 }

@@ -44,6 +44,11 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX fleet_verdicts_by_mount ON fleet_verdicts (mount_point, at_unix_s)
         WHERE kind = 'blocked_in_kernel';
     CREATE INDEX fleet_verdicts_by_time ON fleet_verdicts (at_unix_s);",
+    // 2: the culprit's filesystem identity (`FilesystemId::key`): containers that bind one filesystem at
+    // different paths are one incident.
+    "ALTER TABLE fleet_verdicts ADD COLUMN filesystem TEXT;
+    CREATE INDEX fleet_verdicts_by_filesystem ON fleet_verdicts (filesystem, at_unix_s)
+        WHERE kind = 'blocked_in_kernel';",
 ];
 
 /// The schema version this build writes.
@@ -307,8 +312,8 @@ impl FleetDb {
             .prepare(
                 "INSERT INTO fleet_verdicts (ship_key, at_unix_s, fingerprint, kind, syscall, fstype, mount,
                     kernel_wait, python_frame, mount_point, mount_source, summary, node, culprit_nodes, job_id,
-                    bundle, stalled_for_s)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+                    bundle, stalled_for_s, filesystem)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
                  ON CONFLICT (ship_key) DO NOTHING",
             )
             .map_err(err)?;
@@ -336,6 +341,7 @@ impl FleetDb {
                         &v.job_id,
                         &bundle,
                         &v.stalled_for_s,
+                        &v.filesystem,
                     ],
                 )
                 .map_err(err)?;
@@ -408,7 +414,9 @@ impl FleetDb {
                     .client
                     .query(
                         "SELECT node, culprit_nodes, job_id, at_unix_s FROM fleet_verdicts
-                         WHERE kind = 'blocked_in_kernel' AND mount_point = $1
+                         WHERE kind = 'blocked_in_kernel'
+                           AND (CASE WHEN $8::text IS NOT NULL AND filesystem IS NOT NULL THEN filesystem = $8
+                                     ELSE mount_point = $1 END)
                            AND fstype IS NOT DISTINCT FROM $2
                            AND ($3::text IS NULL OR mount_source IS NULL OR mount_source = $3)
                            AND at_unix_s >= $4::float8 - $5::float8 AND at_unix_s <= $4 AND ship_key <> $6
@@ -421,6 +429,7 @@ impl FleetDb {
                             &window_s,
                             &own_key,
                             &INCIDENT_ROWS,
+                            &verdict.filesystem,
                         ],
                     )
                     .map_err(|e| self.query_error("look an incident up in", e))?

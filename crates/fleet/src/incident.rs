@@ -118,6 +118,7 @@ mod tests {
 
     fn own(node: &str, job: Option<&str>, at: f64) -> PendingVerdict {
         PendingVerdict {
+            filesystem: None,
             id: 1,
             at_unix_s: at,
             fingerprint: "k".into(),

@@ -453,3 +453,91 @@ fn percentiles(ms: &mut [f64]) -> String {
         ms.len()
     )
 }
+
+/// Records, as [`record`] does, a verdict whose culprit runs in a container: `mount` is the container's path,
+/// `id_key`/`host` what the node knows of the filesystem.
+fn record_in_container(
+    state: &Path,
+    job: &str,
+    at: f64,
+    fleet: FleetTarget,
+    mount: &str,
+    id_key: &str,
+    host: Option<&str>,
+) -> Recurrence {
+    let mut v = verdict("n1", mount);
+    v.culprits[0].at.filesystem = Some(hangwatch_model::FilesystemId {
+        key: id_key.into(),
+        device: "7:3".into(),
+        fstype: "ext4".into(),
+        source: "/dev/loop3".into(),
+        root: "/".into(),
+        host_mount: host.map(str::to_string),
+        host_path: host.map(str::to_string),
+        other_namespace: true,
+    });
+    let request = HistoryRequest::new(&v, "n1", Some(job.into()), None, at).with_fleet(Some(fleet));
+    let input = serde_json::to_vec(&request).expect("json");
+    let mut answers = Vec::new();
+    record_child_main(&state.join(DB_FILE_NAME), input.as_slice(), |r| {
+        answers.push(r.clone());
+        Ok(())
+    })
+    .expect("recorded");
+    answers.pop().expect("an answer")
+}
+
+#[test]
+fn two_containers_that_call_one_filesystem_by_different_paths_are_one_incident() {
+    let server = require!(PostgresServer::start());
+    let root = tempfile::tempdir().expect("tempdir");
+    let fleet = target(&server, 10.0);
+    let now = unix_now();
+    let state = state_dir(root.path(), "n1");
+    let first = record_in_container(
+        &state,
+        "1",
+        now - 60.0,
+        fleet.clone(),
+        "/data",
+        "/srv/shared",
+        Some("/srv/shared"),
+    );
+    assert!(first.incident.is_none(), "{first:?}");
+    let second = record_in_container(
+        &state,
+        "2",
+        now,
+        fleet.clone(),
+        "/scratch",
+        "/srv/shared",
+        Some("/srv/shared"),
+    );
+    assert_eq!(
+        second.fingerprint, first.fingerprint,
+        "one cause: {second:?}"
+    );
+    let incident = second
+        .incident
+        .as_ref()
+        .expect("one incident across both containers");
+    assert_eq!(incident.mount, "/srv/shared", "named as the node calls it");
+    assert_eq!(incident.others[0].job_id.as_deref(), Some("1"));
+    // Another filesystem that a third container also calls /scratch is not the same incident.
+    let third = record_in_container(
+        &state,
+        "3",
+        now + 1.0,
+        fleet,
+        "/scratch",
+        "fuse.sshfs dev 0:77",
+        None,
+    );
+    assert!(
+        third.incident.as_ref().is_none_or(|i| i
+            .others
+            .iter()
+            .all(|o| o.job_id.as_deref() != Some("2") && o.job_id.as_deref() != Some("1"))),
+        "{third:?}"
+    );
+}

@@ -56,6 +56,9 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE verdicts ADD COLUMN mount_source TEXT;
     ALTER TABLE verdicts ADD COLUMN shipped INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX verdicts_unshipped ON verdicts (id) WHERE shipped = 0;",
+    // 3: the culprit's filesystem identity (`FilesystemId::key`): two containers that bind one filesystem at
+    // different paths are one incident.
+    "ALTER TABLE verdicts ADD COLUMN filesystem TEXT;",
 ];
 
 /// The schema version this build writes.
@@ -132,10 +135,14 @@ pub struct PendingVerdict {
     pub at_unix_s: f64,
     pub fingerprint: String,
     pub fields: Fingerprint,
-    /// The first culprit's mount point as it was (not normalized).
+    /// The first culprit's mount point as it was (not normalized); for a rank in a container, the node's mount
+    /// of that filesystem when the node has one.
     pub mount_point: Option<String>,
     /// Its source (device, server:/export), when recorded.
     pub mount_source: Option<String>,
+    /// Its filesystem identity (`FilesystemId::key`), when recorded: what incidents are matched by.
+    #[serde(default)]
+    pub filesystem: Option<String>,
     pub summary: String,
     pub node: String,
     pub culprit_nodes: Vec<String>,
@@ -365,10 +372,11 @@ impl HistoryDb {
             None => (None, Vec::new()),
         };
         let fp = &entry.fingerprint;
+        let culprit = entry.verdict.culprits.first();
         tx.execute(
             "INSERT INTO verdicts (at_unix_s, fingerprint, kind, syscall, fstype, mount, kernel_wait, python_frame,
-                summary, node, job_id, bundle, stalled_for_s, mount_point, mount_source)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, NULL)",
+                summary, node, job_id, bundle, stalled_for_s, mount_point, mount_source, filesystem)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
             params![
                 entry.at_unix_s,
                 key,
@@ -383,12 +391,13 @@ impl HistoryDb {
                 entry.job_id,
                 entry.bundle.as_ref().map(|b| b.to_string_lossy().into_owned()),
                 entry.verdict.stalled_for_s,
-                entry
-                    .verdict
-                    .culprits
-                    .first()
-                    .and_then(|c| c.mount.as_deref())
-                    .filter(|m| !m.trim().is_empty()),
+                culprit.and_then(|c| c.node_mount()),
+                culprit
+                    .and_then(|c| c.filesystem.as_ref())
+                    .map(|f| f.source.as_str()),
+                culprit
+                    .and_then(|c| c.filesystem.as_ref())
+                    .map(|f| f.key.as_str()),
             ],
         )
         .map_err(err)?;
@@ -435,7 +444,7 @@ impl HistoryDb {
         let run = || -> rusqlite::Result<Vec<PendingVerdict>> {
             let mut stmt = self.conn.prepare(&format!(
                 "SELECT id, at_unix_s, fingerprint, kind, syscall, fstype, mount, kernel_wait, python_frame,
-                    mount_point, mount_source, summary, node, job_id, bundle, stalled_for_s
+                    mount_point, mount_source, summary, node, job_id, bundle, stalled_for_s, filesystem
                  FROM verdicts WHERE {condition}"
             ))?;
             let rows = stmt.query_map([param], |row| {
@@ -460,6 +469,7 @@ impl HistoryDb {
                     job_id: row.get(13)?,
                     bundle: row.get::<_, Option<String>>(14)?.map(PathBuf::from),
                     stalled_for_s: row.get(15)?,
+                    filesystem: row.get(16)?,
                 })
             })?;
             let mut pending = rows.collect::<rusqlite::Result<Vec<_>>>()?;

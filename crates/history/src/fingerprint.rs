@@ -36,9 +36,7 @@ impl Fingerprint {
             kind: verdict.kind,
             syscall: culprit.and_then(|c| non_empty(c.syscall.as_deref())),
             fstype: culprit.and_then(|c| non_empty(c.fstype.as_deref())),
-            mount: culprit
-                .and_then(|c| non_empty(c.mount.as_deref()))
-                .map(|m| normalize_mount(&m)),
+            mount: culprit.and_then(|c| c.node_mount()).map(normalize_mount),
             kernel_wait: culprit.and_then(kernel_wait),
             python_frame: culprit.and_then(python_frame),
         }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use hangwatch_diagnosis::MountToProbe;
-use hangwatch_model::{FileRef, ProcessObservation, SyscallObservation};
+use hangwatch_model::{FileRef, PidView, ProcessObservation, SyscallObservation};
 use hangwatch_proc::{filesystem_id, Mount, MountTable, ProcFs};
 
 use crate::probe::{MountRef, ProbeTarget};
@@ -138,6 +138,17 @@ fn visible_mount<'a>(table: &'a MountTable, mount_point: &str) -> Option<&'a Mou
         .iter()
         .rev()
         .find(|m| m.mount_point == mount_point)
+}
+
+/// Whose pids hangwatch sees: the node's when it runs in the initial pid namespace (its `NSpid` has one entry),
+/// a container's otherwise. `None` when its own status cannot be read.
+pub fn own_pid_view(procfs: &ProcFs) -> Option<PidView> {
+    let status = procfs.status(std::process::id() as i32).ok()?;
+    match status.ns_pids.len() {
+        0 => None,
+        1 => Some(PidView::Host),
+        _ => Some(PidView::Container),
+    }
 }
 
 /// Whether two targets probe the same filesystem (one probe is enough).

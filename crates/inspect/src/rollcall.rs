@@ -358,6 +358,7 @@ pub fn take_roll_call(
             probes,
             kernel_log: None,
             unreadable,
+            pids: crate::namespaces::own_pid_view(procfs),
         },
         elapsed: took,
         stacks_prepared,

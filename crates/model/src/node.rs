@@ -37,6 +37,9 @@ pub struct NodeObservations {
     /// `read_issues`).
     #[serde(default)]
     pub unreadable: Vec<String>,
+    /// Whose pids these are: the node's, or a container's when the agent runs inside one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<crate::PidView>,
 }
 
 impl NodeObservations {
@@ -53,6 +56,7 @@ impl NodeObservations {
             probes: Vec::new(),
             kernel_log: None,
             unreadable: Vec::new(),
+            pids: None,
         }
     }
 

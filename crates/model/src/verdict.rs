@@ -121,7 +121,7 @@ pub struct Verdict {
 }
 
 /// Which pid namespace the pids of a verdict are numbered in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PidView {
     /// The node's own (initial) pid namespace: what `ps` on the node shows.
@@ -333,6 +333,18 @@ impl Culprit {
 }
 
 impl RankPlace {
+    /// The mount as the node calls it: the node's own mount of the filesystem for a rank in a container (two
+    /// containers binding it at `/data` and `/scratch` are both `/srv/shared`), else the rank's mount. What
+    /// fingerprints and the fleet's "by mount" use.
+    pub fn node_mount(&self) -> Option<&str> {
+        self.filesystem
+            .as_ref()
+            .filter(|f| f.other_namespace)
+            .and_then(|f| f.host_mount.as_deref())
+            .or(self.mount.as_deref())
+            .filter(|m| !m.trim().is_empty())
+    }
+
     /// See [`crate::FileRef::filesystem_key`].
     pub fn filesystem_key(&self) -> Option<&str> {
         crate::filesystem_key(self.filesystem.as_ref(), self.mount.as_deref())
