@@ -89,6 +89,8 @@ mod tests {
             worker: None,
             exit_code: None,
             death: None,
+            thread_name: None,
+            page_fault: None,
         });
         assert!(is_conclusive(&d));
         assert!(
@@ -116,6 +118,8 @@ mod tests {
                 worker: None,
                 exit_code: code,
                 death: None,
+                thread_name: None,
+                page_fault: None,
             });
             v
         };

@@ -365,6 +365,7 @@ mod tests {
             ranks: vec![0],
             ok: false,
             detail: None,
+            outcomes: Vec::new(),
         });
         v
     }
@@ -454,6 +455,7 @@ mod tests {
             ranks: vec![0],
             ok: false,
             detail: None,
+            outcomes: Vec::new(),
         });
         match decide_requeue(&input(&v, 1, Some(previous), Some(100))) {
             RequeueDecision::Requeue { newly_excluded, .. } => {

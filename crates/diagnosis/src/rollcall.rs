@@ -4,11 +4,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use hangwatch_model::{
-    Culprit, FilesystemStatus, Group, NodeObservations, ProbeResult, ProcessObservation, RankPlace,
-    RankReport, Verdict, VerdictKind, WorkerRef, WorkerReport, NODE_OBSERVATIONS_VERSION,
-    VERDICT_VERSION,
+    Culprit, FilesystemStatus, Group, NodeObservations, PageFault, ProbeResult, ProcessObservation,
+    RankPlace, RankReport, Verdict, VerdictKind, WorkerRef, WorkerReport,
+    NODE_OBSERVATIONS_VERSION, VERDICT_VERSION,
 };
 
+use crate::faults::{fault_place, fault_words, shared_mount};
 use crate::position::{classify, is_filesystem_file, Condition, FrozenMount, Position};
 
 /// One node's roll call in the shape older callers and tests build it; [`roll_call`] turns it into a slice of
@@ -86,6 +87,7 @@ pub fn mounts_to_probe(processes: &[ProcessObservation], window_ms: u64) -> Vec<
                 mounts.insert(mount);
             }
         }
+        mounts.extend(position.fault.iter().flat_map(|f| f.mounts()));
     }
     mounts.into_iter().collect()
 }
@@ -95,6 +97,8 @@ struct Entry<'a> {
     position: Position,
     /// Index of the entry's node in the decision's slice.
     node: usize,
+    /// The page fault of its telling thread, with the file named once the node's probes answered.
+    page_fault: Option<PageFault>,
 }
 
 /// The observations a decision is made from, and whether they span more than one node.
@@ -212,10 +216,25 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         nodes,
         multi: nodes.len() + nodes_not_seen.len() > 1,
     };
-    let entry = |node: usize, process| Entry {
-        process,
-        position: classify(process, nodes[node].window_ms),
-        node,
+    let entry = |node: usize, process| {
+        let mut position = classify(process, nodes[node].window_ms);
+        let page_fault = position.fault.as_ref().map(|fault| {
+            let (page_fault, file) = fault.resolve(&nodes[node].probes);
+            if position.file.is_none() {
+                position.file = file;
+            }
+            if position.file.is_none() {
+                position.frozen_mount =
+                    shared_mount(&page_fault).map(|(mount, fstype)| FrozenMount { mount, fstype });
+            }
+            page_fault
+        });
+        Entry {
+            process,
+            position,
+            node,
+            page_fault,
+        }
     };
     let mut entries: Vec<Entry> = Vec::new();
     let mut workers: Vec<Entry> = Vec::new();
@@ -351,10 +370,9 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
     all.extend(workers);
     // A writer waiting on a frozen superblock names no file: the one mount of its node that did not answer its
     // probe is the one it waits on (with two or more, none is guessed).
-    for e in all
-        .iter_mut()
-        .filter(|e| e.position.superblock_wait && e.position.file.is_none())
-    {
+    for e in all.iter_mut().filter(|e| {
+        e.position.superblock_wait && e.position.file.is_none() && e.position.frozen_mount.is_none()
+    }) {
         let stuck: Vec<&ProbeResult> = nodes[e.node]
             .probes
             .iter()
@@ -655,6 +673,8 @@ fn culprit(entry: &Entry, ctx: &Ctx, kind: VerdictKind) -> Culprit {
         death: (entry.position.condition == Condition::Exited)
             .then(|| entry.process.death.clone())
             .flatten(),
+        thread_name: entry.position.thread_name.clone(),
+        page_fault: entry.page_fault.clone(),
     }
 }
 
@@ -673,6 +693,15 @@ fn state_words(state: char) -> &'static str {
 fn reason(entry: &Entry, kind: VerdictKind) -> String {
     let p = &entry.position;
     match p.condition {
+        Condition::BlockedInKernel if entry.page_fault.is_some() => {
+            let fault = entry.page_fault.as_ref().map_or_else(String::new, |f| {
+                format!("{}{}", fault_words(f), fault_place(f))
+            });
+            format!(
+                "in {} in a page fault, blocked {fault}, waiting for the filesystem",
+                state_words(p.state)
+            )
+        }
         Condition::BlockedInKernel => {
             let call = p
                 .syscall_name
@@ -733,6 +762,9 @@ fn who(entry: &Entry, ctx: &Ctx) -> String {
     }
     if entry.process.worker_of.is_none() {
         parts.push(format!("pid {}", entry.process.pid));
+    }
+    if let Some(name) = &entry.position.thread_name {
+        parts.push(format!("thread {name}"));
     }
     format!("{} ({})", entry.label(), parts.join(", "))
 }
@@ -823,6 +855,13 @@ fn summarize(
         n => format!(" (and {} more like it)", n - 1),
     };
     match (kind, first) {
+        (VerdictKind::BlockedInKernel, Some(e)) if e.page_fault.is_some() => {
+            let p = &e.position;
+            let fault = e.page_fault.as_ref().map_or_else(String::new, |f| format!("{}{}", fault_words(f), fault_place(f)));
+            let mount = p.file.as_ref().and_then(|f| f.mount.as_deref()).or(p.frozen_mount.as_ref().map(|m| m.mount.as_str()));
+            let fs = mount.map(|m| format!("; {}", fs_words(m, ctx.node_name(e), filesystems))).unwrap_or_default();
+            with_rest(format!("{} is blocked {fault} (a page fault, in {}){fs}{more}", who(e, ctx), state_words(p.state)))
+        }
         (VerdictKind::BlockedInKernel, Some(e)) => {
             let p = &e.position;
             let call = p.syscall_name.as_deref().map(|s| format!(" in {s}()")).unwrap_or_default();

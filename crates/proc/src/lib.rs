@@ -13,6 +13,7 @@ mod error;
 mod fdinfo;
 mod io;
 mod kernel;
+mod maps;
 mod mountinfo;
 mod observe;
 mod reader;
@@ -33,7 +34,10 @@ pub use error::{ParseError, ReadError};
 pub use fdinfo::{parse_fdinfo, FdInfo};
 pub use io::{parse_io, IoCounters};
 pub use kernel::{parse_stack, parse_wchan};
-pub use mountinfo::{is_remote_fstype, parse_mountinfo, unescape, Mount, MountTable};
+pub use maps::{mapped_files, parse_maps, Mapping, MAX_MAPPED_FILES};
+pub use mountinfo::{
+    is_pseudo_fstype, is_remote_fstype, parse_mountinfo, unescape, Mount, MountTable,
+};
 pub use observe::{decode_syscall, observe_process, observe_threads, ProcessSample, ThreadSample};
 pub use reader::{FileResolver, ProcFs};
 pub use resolve::{resolve_file_ref, FileTarget};

@@ -336,6 +336,8 @@ fn big_verdict() -> Verdict {
         worker: None,
         exit_code: None,
         death: None,
+        thread_name: None,
+        page_fault: None,
     }];
     v.groups = vec![
         Group {
