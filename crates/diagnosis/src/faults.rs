@@ -145,6 +145,7 @@ impl Fault {
         let at_pc = self
             .pc
             .and_then(|pc| stuck.iter().find(|f| f.holds(pc)).copied());
+        stuck.sort_by(|a, b| a.file.path.cmp(&b.file.path));
         let (found_by, named): (FaultFound, Vec<&MappedFile>) = match (at_pc, stuck.as_slice()) {
             (Some(f), _) => (FaultFound::InstructionPointer, vec![f]),
             (None, [one]) => (FaultFound::OnlyMapping, vec![*one]),
