@@ -1512,10 +1512,18 @@ impl Supervisor {
         };
         // A recheck of ranks seen computing is said only when it finds the work stopped.
         if trigger != Trigger::Recheck {
+            // Said as seen: the fast path names the rank and how it is blocked (stopped, or a filesystem wait).
+            let seen = match trigger {
+                Trigger::FsStall => self
+                    .fs_stall
+                    .longest(now)
+                    .map_or_else(|| trigger.describe(), |stuck| stuck.words()),
+                _ => trigger.describe(),
+            };
             say(format!(
-                "hangwatch: no progress for {:.1}s ({}; threshold {:.0}s, {basis}): taking a roll call",
+                "hangwatch: {} for {:.1}s ({seen}; threshold {:.0}s, {basis}): taking a roll call",
+                ProgressSource::missing_words(self.detector.source()),
                 stalled_for.as_secs_f64(),
-                trigger.describe(),
                 tier_threshold.as_secs_f64(),
             ));
         }

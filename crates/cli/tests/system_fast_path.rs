@@ -54,7 +54,8 @@ fn the_incident_at_the_default_settings_is_ended_within_seconds_of_the_freeze() 
     assert_eq!(c["syscall"], "write");
     assert_eq!(c["path"], log_s.as_str());
     assert!(
-        done.stderr.contains("a rank stuck on its filesystem"),
+        done.stderr
+            .contains("rank 0 in a filesystem wait, its I/O still"),
         "the fast path took the roll call: {}",
         done.describe()
     );
