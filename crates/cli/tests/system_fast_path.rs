@@ -127,6 +127,14 @@ fn a_stopped_rank_at_the_default_settings_is_ended_within_seconds() {
     assert!(took < FAST, "took {took:?}: {}", done.describe());
     assert_eq!(done.json["kind"], "stopped", "{}", done.describe());
     assert_eq!(done.culprit(1)["state"], "T");
+    // Issue 25: the line that says why the roll call was taken says what was seen, not "on its filesystem".
+    assert!(
+        done.stderr.contains("hangwatch: no output for ")
+            && done.stderr.contains("(rank 1 stopped (T) for "),
+        "{}",
+        done.describe()
+    );
+    assert!(!done.stderr.contains("filesystem wait"), "{}", done.describe());
 }
 
 /// A blkio (cgroup v1) group that throttles writes to one device; removed on drop (after its processes are
