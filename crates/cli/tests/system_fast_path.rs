@@ -134,7 +134,11 @@ fn a_stopped_rank_at_the_default_settings_is_ended_within_seconds() {
         "{}",
         done.describe()
     );
-    assert!(!done.stderr.contains("filesystem wait"), "{}", done.describe());
+    assert!(
+        !done.stderr.contains("filesystem wait"),
+        "{}",
+        done.describe()
+    );
 }
 
 /// A blkio (cgroup v1) group that throttles writes to one device; removed on drop (after its processes are
