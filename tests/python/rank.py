@@ -19,7 +19,11 @@ One rank can be told to misbehave (--behaviour), to reproduce the hangs hangwatc
 it blocks there): mkdir (a new checkpoint directory), openat (a new file, relative to a directory fd), rename (two
 names swapped), stat (a lookup of a name that does not exist), odirect (a 1 MiB O_DIRECT write: slow, not stuck,
 when the test throttles the device), mmapwrite (a store into a shared file mapping, then msync: on a frozen mount
-the store's page fault waits on the superblock, in no system call and naming no file).
+the store's page fault waits on the superblock, in no system call and naming no file), mmapread (every
+`shard-*.bin` in DIR mapped read-only, as a dataset library maps its shards; each step reads one byte of a page never
+read before, 1 MiB past the last, from shard step % N: on a stopped mount the read is a page fault that waits, in no
+system call), import (DIR on sys.path; each step imports module `hw_mod_STEP` from it, as a job importing a module
+from a package directory on a shared filesystem would).
 
 --only-rank R applies --log, --behaviour, --fs-op and --pause to rank R only, for launchers that give every rank the same
 arguments (`hangwatch run --nproc N`); --pause STEP:SECONDS sleeps before one step (a checkpoint-like pause).
@@ -195,6 +199,24 @@ class FsOp:
         self.mapped[page * mmap.PAGESIZE] = step % 256
         self.mapped.flush()
 
+    def do_mmapread(self, rank, step):
+        import glob
+        import mmap
+        if not hasattr(self, "shards"):
+            self.shards = []
+            for path in sorted(glob.glob(os.path.join(self.directory, "shard-*.bin"))):
+                with open(path, "rb") as f:
+                    self.shards.append(mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ))
+        shard = self.shards[step % len(self.shards)]
+        offset = (step // len(self.shards)) * (1 << 20) % len(shard)
+        return shard[offset]
+
+    def do_import(self, rank, step):
+        import importlib
+        if self.directory not in sys.path:
+            sys.path.insert(0, self.directory)
+        importlib.import_module("hw_mod_%d" % step)
+
     def do_stat(self, rank, step):
         try:
             os.stat(os.path.join(self.directory, "absent-r%d-%d" % (rank, step)))
@@ -309,7 +331,8 @@ def parse_args():
     p.add_argument("--after", type=int, default=0, help="steps before misbehaving (spin, lock, exit)")
     p.add_argument("--mmap-file", help="file to map (mmap_stall)")
     p.add_argument("--trigger-file", help="start the mmap stall when this file appears (mmap_stall)")
-    p.add_argument("--fs-op", choices=["mkdir", "openat", "rename", "stat", "odirect", "mmapwrite"],
+    p.add_argument("--fs-op", choices=["mkdir", "openat", "rename", "stat", "odirect", "mmapwrite", "mmapread",
+                                          "import"],
                    help="one filesystem call in --fs-dir every step (see above)")
     p.add_argument("--fs-dir", help="directory for --fs-op")
     p.add_argument("--only-rank", type=int,

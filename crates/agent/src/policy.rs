@@ -56,7 +56,7 @@ impl Trigger {
             Trigger::Hard => "hard threshold".into(),
             Trigger::RankFailed => "a rank failed".into(),
             Trigger::Signal(sig) => format!("signal {sig}"),
-            Trigger::FsStall => "a rank stuck on its filesystem".into(),
+            Trigger::FsStall => "a rank stopped or in a filesystem wait, its I/O still".into(),
             Trigger::Ordered => "the coordinator's order".into(),
             Trigger::Recheck => "still no progress while the ranks compute".into(),
             Trigger::ConfirmStop => "the ranks stopped computing".into(),

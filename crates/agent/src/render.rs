@@ -89,10 +89,7 @@ pub fn verdict_text(v: &Verdict) -> String {
             s,
             "{who}: pid {}{}, state {}{}",
             c.pid,
-            c.tid
-                .filter(|t| *t != c.pid)
-                .map(|t| format!(" (thread {t})"))
-                .unwrap_or_default(),
+            thread_words(c),
             c.state,
             c.reason
                 .as_deref()
@@ -114,6 +111,11 @@ pub fn verdict_text(v: &Verdict) -> String {
             );
         }
         if let Some(path) = &c.path {
+            let what = if c.page_fault.is_some() {
+                "memory-mapped file"
+            } else {
+                "file"
+            };
             let fs = v.filesystems.iter().find(|f| {
                 Some(&f.mount) == c.mount.as_ref() && (f.node.is_none() || f.node == c.node)
             });
@@ -124,10 +126,33 @@ pub fn verdict_text(v: &Verdict) -> String {
             };
             let _ = writeln!(
                 s,
-                "  file: {path}  on {} ({}{answer})",
+                "  {what}: {path}  on {} ({}{answer})",
                 or_dash(c.mount.as_deref()),
                 or_dash(c.fstype.as_deref())
             );
+        }
+        if let Some(fault) = c.page_fault.as_ref().filter(|f| f.candidates.len() > 1) {
+            let _ = writeln!(
+                s,
+                "  memory-mapped files it may be faulting on ({} candidates):",
+                fault.candidates.len()
+            );
+            for f in fault.candidates.iter().take(CANDIDATES_SHOWN) {
+                let _ = writeln!(
+                    s,
+                    "    {}  on {} ({})",
+                    f.path,
+                    or_dash(f.mount.as_deref()),
+                    or_dash(f.fstype.as_deref())
+                );
+            }
+            if fault.candidates.len() > CANDIDATES_SHOWN {
+                let _ = writeln!(
+                    s,
+                    "    ... {} more in verdict.json",
+                    fault.candidates.len() - CANDIDATES_SHOWN
+                );
+            }
         }
         if let Some(k) = c.killable {
             let _ = writeln!(
@@ -232,17 +257,7 @@ pub fn verdict_text(v: &Verdict) -> String {
         let _ = writeln!(s);
         let _ = writeln!(s, "actions:");
         for a in &v.actions {
-            let _ = writeln!(
-                s,
-                "  {} ranks {}: {}{}",
-                a.action,
-                rank_ranges(&a.ranks),
-                if a.ok { "ok" } else { "FAILED" },
-                a.detail
-                    .as_deref()
-                    .map(|d| format!(" — {d}"))
-                    .unwrap_or_default()
-            );
+            let _ = writeln!(s, "  {}", action_line(a));
         }
     }
     if !v.recommendations.is_empty() {
@@ -260,6 +275,42 @@ pub fn verdict_text(v: &Verdict) -> String {
         }
     }
     s
+}
+
+/// How many candidate files of a page fault the text lists (the verdict JSON has them all).
+const CANDIDATES_SHOWN: usize = 5;
+
+/// " (thread ckpt-writer, tid 57)" for a culprit whose stuck thread is not its main thread.
+fn thread_words(c: &hangwatch_model::Culprit) -> String {
+    match (c.tid.filter(|t| *t != c.pid), &c.thread_name) {
+        (Some(tid), Some(name)) => format!(" (thread {name}, tid {tid})"),
+        (Some(tid), None) => format!(" (thread {tid})"),
+        (None, _) => String::new(),
+    }
+}
+
+/// One action in words: what became of the ranks it names ("terminate ranks 1-3: ended — ...", "unkillable
+/// rank 0: could not be killed — ...").
+pub fn action_line(a: &hangwatch_model::ActionRecord) -> String {
+    let ranks = match a.ranks.as_slice() {
+        [] => String::new(),
+        [one] => format!(" rank {one}"),
+        many => format!(" ranks {}", rank_ranges(many)),
+    };
+    let result = match (a.action.as_str(), a.ok) {
+        ("terminate", true) => "ended",
+        ("unkillable", _) => "could not be killed",
+        (_, true) => "ok",
+        (_, false) => "FAILED",
+    };
+    format!(
+        "{}{ranks}: {result}{}",
+        a.action,
+        a.detail
+            .as_deref()
+            .map(|d| format!(" — {d}"))
+            .unwrap_or_default()
+    )
 }
 
 /// How many of a dead rank's last lines the human text shows (the verdict JSON keeps more).
@@ -309,6 +360,102 @@ fn truncate(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use hangwatch_model::{
+        ActionRecord, Culprit, FaultAccess, FaultFound, FileRef, FilesystemStatus, PageFault,
+        RankPlace,
+    };
+
+    fn culprit_in_a_fault() -> Verdict {
+        let mut v = Verdict::unknown("rank 0 is blocked");
+        v.kind = VerdictKind::BlockedInKernel;
+        let file = |p: &str| FileRef {
+            filesystem: None,
+            path: p.into(),
+            mount: Some("/data".into()),
+            fstype: Some("fuse.bindfs".into()),
+            source: None,
+        };
+        v.culprits.push(Culprit {
+            tid: Some(57),
+            thread_name: Some("ckpt-writer".into()),
+            page_fault: Some(PageFault {
+                access: FaultAccess::Read,
+                found_by: FaultFound::Candidates,
+                candidates: vec![file("/data/a.arrow"), file("/data/b.arrow")],
+                code: false,
+                unreadable: None,
+            }),
+            ..Culprit::at(RankPlace {
+                rank: Some(0),
+                pid: 42,
+                state: "D".into(),
+                mount: Some("/data".into()),
+                fstype: Some("fuse.bindfs".into()),
+                ..Default::default()
+            })
+        });
+        v.filesystems.push(FilesystemStatus {
+            filesystem: None,
+            mount: "/data".into(),
+            node: None,
+            fstype: Some("fuse.bindfs".into()),
+            responsive: Some(false),
+            detail: None,
+        });
+        v
+    }
+
+    #[test]
+    fn the_stuck_thread_is_named_and_a_faults_candidates_listed() {
+        let text = verdict_text(&culprit_in_a_fault());
+        assert!(
+            text.contains("\nrank 0: pid 42 (thread ckpt-writer, tid 57), state D\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  memory-mapped files it may be faulting on (2 candidates):\n    /data/a.arrow  on /data \
+                 (fuse.bindfs)\n    /data/b.arrow  on /data (fuse.bindfs)\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_termination_says_which_ranks_ended_and_which_could_not_be_killed() {
+        let terminate = ActionRecord {
+            action: "terminate".into(),
+            ranks: vec![1, 2, 3],
+            ok: true,
+            detail: Some(
+                "ranks 1-3 ended (3 by SIGTERM, 0 by SIGKILL) in 0.4s; rank 0 could not be killed"
+                    .into(),
+            ),
+            outcomes: Vec::new(),
+        };
+        assert_eq!(
+            action_line(&terminate),
+            "terminate ranks 1-3: ended — ranks 1-3 ended (3 by SIGTERM, 0 by SIGKILL) in 0.4s; rank 0 could not \
+             be killed"
+        );
+        let unkillable = ActionRecord {
+            action: "unkillable".into(),
+            ranks: vec![0],
+            ok: false,
+            detail: Some(
+                "pid 42's main thread exited (Z), but its thread 57 (ckpt-writer) is still in uninterruptible \
+                 sleep (D) after SIGKILL"
+                    .into(),
+            ),
+            outcomes: Vec::new(),
+        };
+        assert_eq!(
+            action_line(&unkillable),
+            "unkillable rank 0: could not be killed — pid 42's main thread exited (Z), but its thread 57 \
+             (ckpt-writer) is still in uninterruptible sleep (D) after SIGKILL"
+        );
+    }
 
     #[test]
     fn rank_ranges_compress_runs() {

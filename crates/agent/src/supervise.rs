@@ -21,7 +21,7 @@ use hangwatch_inspect::pystack::StackReadOptions;
 use hangwatch_inspect::ranks::{ClientReports, Discovery, RankFinder};
 use hangwatch_inspect::rollcall::{take_roll_call, KnownProcess, RollCallOptions};
 use hangwatch_model::{
-    unix_now, ActionRecord, NodeObservations, ProcId, ProcessObservation, RankSource, Verdict,
+    unix_now, NodeObservations, ProcId, ProcessObservation, RankSource, Verdict,
 };
 use hangwatch_proc::ProcFs;
 use nix::sys::signal::Signal;
@@ -37,7 +37,7 @@ use crate::output::{drain, Console, DrainContext, LineSink, Stream, Tails};
 use crate::policy::{Action, Ending, Input, Notice, Policy, PolicyConfig, Stall, Trigger};
 use crate::progress::ProgressBoard;
 use crate::reaper::{JobGroup, Reaper};
-use crate::terminate::{terminate, JobProcess, TerminationReport};
+use crate::terminate::{terminate, termination_actions, JobProcess, Remains, TerminationReport};
 use hangwatch_alert::{Alert, Alerter, Stage};
 pub use hangwatch_diagnosis::{is_conclusive, OnHang};
 
@@ -1512,10 +1512,18 @@ impl Supervisor {
         };
         // A recheck of ranks seen computing is said only when it finds the work stopped.
         if trigger != Trigger::Recheck {
+            // Said as seen: the fast path names the rank and how it is blocked (stopped, or a filesystem wait).
+            let seen = match trigger {
+                Trigger::FsStall => self
+                    .fs_stall
+                    .longest(now)
+                    .map_or_else(|| trigger.describe(), |stuck| stuck.words()),
+                _ => trigger.describe(),
+            };
             say(format!(
-                "hangwatch: no progress for {:.1}s ({}; threshold {:.0}s, {basis}): taking a roll call",
+                "hangwatch: {} for {:.1}s ({seen}; threshold {:.0}s, {basis}): taking a roll call",
+                ProgressSource::missing_words(self.detector.source()),
                 stalled_for.as_secs_f64(),
-                trigger.describe(),
                 tier_threshold.as_secs_f64(),
             ));
         }
@@ -1696,7 +1704,7 @@ impl Supervisor {
                 let procfs = ProcFs::new("/proc");
                 let cannot_act = |pid: i32| cannot_act_on_term(&procfs, &stuck, pid);
                 let report = terminate(&mut procs, grace, kill_wait, &cannot_act, |pid| {
-                    procfs.stat(pid).ok().map(|s| s.state)
+                    remains(&procfs, pid)
                 });
                 let _ = events.send(Event::Terminated(report));
             });
@@ -1733,59 +1741,25 @@ impl Supervisor {
 
     /// Adds what the termination did to the last verdict and says who could not be killed.
     fn report_termination(&mut self, report: &TerminationReport) {
-        let ranks_of = |pids: &[i32], procs: &[JobProc]| -> Vec<u32> {
-            pids.iter()
-                .filter_map(|pid| procs.iter().find(|p| p.pid == *pid).and_then(|p| p.rank))
-                .collect()
-        };
         let node = self
             .config
             .node
             .clone()
             .unwrap_or_else(|| "this node".into());
-        for (pid, state) in &report.unkillable {
+        for u in &report.unkillable {
             say(format!(
-                "hangwatch: pid {pid} is still in state {state} after SIGKILL: not waiting for it; drain or reboot {node}"
+                "hangwatch: {}: not waiting for it; drain or reboot {node}",
+                u.words()
             ));
         }
         let Some(verdict) = self.last_verdict.as_mut() else {
             return;
         };
-        let ended: Vec<i32> = report
-            .ended_by_term
-            .iter()
-            .chain(&report.ended_by_kill)
-            .copied()
-            .collect();
-        let unkillable: Vec<i32> = report.unkillable.iter().map(|(p, _)| *p).collect();
-        verdict.actions.push(ActionRecord {
-            action: "terminate".into(),
-            ranks: ranks_of(&ended, &self.procs),
-            ok: report.unkillable.is_empty(),
-            detail: Some(format!(
-                "{} ended by SIGTERM, {} by SIGKILL, {} unkillable, in {:.1}s",
-                report.ended_by_term.len(),
-                report.ended_by_kill.len(),
-                report.unkillable.len(),
-                report.elapsed.as_secs_f64()
-            )),
-        });
+        let procs = &self.procs;
+        verdict.actions.extend(termination_actions(report, |pid| {
+            procs.iter().find(|p| p.pid == pid).and_then(|p| p.rank)
+        }));
         if !report.unkillable.is_empty() {
-            verdict.actions.push(ActionRecord {
-                action: "unkillable".into(),
-                ranks: ranks_of(&unkillable, &self.procs),
-                ok: false,
-                detail: Some(
-                    report
-                        .unkillable
-                        .iter()
-                        .map(|(pid, state)| {
-                            format!("pid {pid} still in state {state} after SIGKILL")
-                        })
-                        .collect::<Vec<_>>()
-                        .join("; "),
-                ),
-            });
             verdict.recommendations.insert(
                 0,
                 format!(
@@ -2107,4 +2081,22 @@ fn cannot_act_on_term(procfs: &ProcFs, stuck: &[i32], pid: i32) -> bool {
 /// Seconds since the epoch of a past `Instant`.
 fn unix_time_of(at: Instant) -> f64 {
     unix_now() - at.elapsed().as_secs_f64()
+}
+
+/// What /proc shows of a process that SIGKILL did not end (safe reads: stat of each task).
+fn remains(procfs: &ProcFs, pid: i32) -> Remains {
+    Remains {
+        state: procfs.stat(pid).ok().map(|s| s.state),
+        threads: procfs
+            .list_threads(pid)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|tid| {
+                procfs
+                    .task_stat(pid, tid)
+                    .ok()
+                    .map(|s| (tid, s.comm, s.state))
+            })
+            .collect(),
+    }
 }

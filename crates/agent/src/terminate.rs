@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use hangwatch_model::StuckThread;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
@@ -21,9 +22,179 @@ pub struct TerminationReport {
     pub ended_by_term: Vec<i32>,
     /// Pids that needed SIGKILL.
     pub ended_by_kill: Vec<i32>,
-    /// Pids still alive after SIGKILL and `kill_wait`, with their state letter.
-    pub unkillable: Vec<(i32, char)>,
+    /// Processes still alive after SIGKILL and `kill_wait`.
+    pub unkillable: Vec<Unkillable>,
     pub elapsed: Duration,
+}
+
+/// A process still there after SIGKILL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unkillable {
+    pub pid: i32,
+    /// Its state letter (`D`; `Z` when its main thread exited and another thread holds it), `?` when unread.
+    pub state: char,
+    /// The thread that holds it, when that is not the main thread.
+    pub stuck_thread: Option<StuckThread>,
+}
+
+/// What is left of a process after SIGKILL, as /proc shows it: its state and its threads (`tid`, name, state).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Remains {
+    pub state: Option<char>,
+    pub threads: Vec<(i32, String, char)>,
+}
+
+impl Unkillable {
+    /// From what /proc shows: the thread that holds the process is one in D (else any that is not a zombie),
+    /// named only when it is not the main thread.
+    pub fn from_remains(pid: i32, remains: &Remains) -> Self {
+        let holder = remains
+            .threads
+            .iter()
+            .find(|(_, _, s)| *s == 'D')
+            .or_else(|| {
+                remains
+                    .threads
+                    .iter()
+                    .find(|(_, _, s)| !matches!(s, 'Z' | 'X'))
+            });
+        Unkillable {
+            pid,
+            state: remains.state.unwrap_or('?'),
+            stuck_thread: holder
+                .filter(|(tid, _, _)| *tid != pid)
+                .map(|(tid, name, state)| StuckThread {
+                    tid: *tid,
+                    name: Some(name.clone()).filter(|n| !n.is_empty()),
+                    state: *state,
+                }),
+        }
+    }
+
+    /// In words: "pid 42 is still in uninterruptible sleep (D) after SIGKILL", or, for a zombie held by a thread,
+    /// "pid 42's main thread exited (Z), but its thread 57 (ckpt-writer) is still in uninterruptible sleep (D)
+    /// after SIGKILL".
+    pub fn words(&self) -> String {
+        let thread = |t: &StuckThread| match &t.name {
+            Some(name) => format!("thread {} ({name})", t.tid),
+            None => format!("thread {}", t.tid),
+        };
+        match (&self.stuck_thread, self.state) {
+            (Some(t), 'Z') => format!(
+                "pid {}'s main thread exited (Z), but its {} is still in {} after SIGKILL",
+                self.pid,
+                thread(t),
+                state_words(t.state)
+            ),
+            (Some(t), state) => format!(
+                "pid {} is still in {} after SIGKILL: its {} is in {}",
+                self.pid,
+                state_words(state),
+                thread(t),
+                state_words(t.state)
+            ),
+            (None, state) => format!(
+                "pid {} is still in {} after SIGKILL",
+                self.pid,
+                state_words(state)
+            ),
+        }
+    }
+}
+
+/// The verdict's records of a termination: `terminate` lists the ranks that ended (ok: they did), with each
+/// process's outcome; `unkillable` the ranks that could not be killed (not ok), each said in words. `rank_of`
+/// gives a pid's rank (a launcher has none).
+pub fn termination_actions(
+    report: &TerminationReport,
+    rank_of: impl Fn(i32) -> Option<u32>,
+) -> Vec<hangwatch_model::ActionRecord> {
+    use hangwatch_model::{ActionRecord, Ended, ProcessOutcome};
+    let ranks = |pids: &mut dyn Iterator<Item = i32>| -> Vec<u32> {
+        let mut r: Vec<u32> = pids.filter_map(&rank_of).collect();
+        r.sort_unstable();
+        r
+    };
+    let ended = ranks(
+        &mut report
+            .ended_by_term
+            .iter()
+            .chain(&report.ended_by_kill)
+            .copied(),
+    );
+    let stuck = ranks(&mut report.unkillable.iter().map(|u| u.pid));
+    let mut outcomes: Vec<ProcessOutcome> = Vec::new();
+    for (pids, how) in [
+        (&report.ended_by_term, Ended::BySigterm),
+        (&report.ended_by_kill, Ended::BySigkill),
+    ] {
+        outcomes.extend(pids.iter().map(|&pid| ProcessOutcome {
+            pid,
+            rank: rank_of(pid),
+            ended: how,
+            state: None,
+            stuck_thread: None,
+        }));
+    }
+    outcomes.extend(report.unkillable.iter().map(|u| ProcessOutcome {
+        pid: u.pid,
+        rank: rank_of(u.pid),
+        ended: Ended::Unkillable,
+        state: Some(u.state),
+        stuck_thread: u.stuck_thread.clone(),
+    }));
+    let label = |ranks: &[u32], fallback: usize, what: &str| match ranks {
+        [] => format!("{fallback} process{}", if fallback == 1 { "" } else { "es" }),
+        [one] => format!("rank {one}"),
+        many => format!("ranks {}", crate::render::rank_ranges(many)),
+    } + what;
+    let n_ended = report.ended_by_term.len() + report.ended_by_kill.len();
+    let mut detail = format!(
+        "{} ({} by SIGTERM, {} by SIGKILL) in {:.1}s",
+        label(&ended, n_ended, " ended"),
+        report.ended_by_term.len(),
+        report.ended_by_kill.len(),
+        report.elapsed.as_secs_f64()
+    );
+    if !report.unkillable.is_empty() {
+        detail.push_str(&format!(
+            "; {}",
+            label(&stuck, report.unkillable.len(), " could not be killed")
+        ));
+    }
+    let mut actions = vec![ActionRecord {
+        action: "terminate".into(),
+        ranks: ended,
+        ok: true,
+        detail: Some(detail),
+        outcomes,
+    }];
+    if !report.unkillable.is_empty() {
+        actions.push(ActionRecord {
+            action: "unkillable".into(),
+            ranks: stuck,
+            ok: false,
+            detail: Some(
+                report
+                    .unkillable
+                    .iter()
+                    .map(Unkillable::words)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+            outcomes: Vec::new(),
+        });
+    }
+    actions
+}
+
+fn state_words(state: char) -> String {
+    match state {
+        'D' => "uninterruptible sleep (D)".into(),
+        'Z' => "state Z (a zombie)".into(),
+        '?' => "an unknown state".into(),
+        other => format!("state {other}"),
+    }
 }
 
 fn wait_all<P: JobProcess>(
@@ -54,7 +225,7 @@ pub fn terminate<P: JobProcess>(
     grace: Duration,
     kill_wait: Duration,
     cannot_act: &dyn Fn(i32) -> bool,
-    state_of: impl Fn(i32) -> Option<char>,
+    remains_of: impl Fn(i32) -> Remains,
 ) -> TerminationReport {
     let started = Instant::now();
     let mut report = TerminationReport::default();
@@ -87,7 +258,7 @@ pub fn terminate<P: JobProcess>(
             .iter()
             .map(|&i| {
                 let pid = procs[i].pid();
-                (pid, state_of(pid).unwrap_or('?'))
+                Unkillable::from_remains(pid, &remains_of(pid))
             })
             .collect();
     }
@@ -107,5 +278,88 @@ fn signal_each<P: JobProcess>(procs: &[&P], signal: Signal) {
     }
     for p in procs {
         let _ = nix::sys::signal::kill(Pid::from_raw(p.pid()), signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_termination_says_which_ranks_ended_and_which_could_not_be_killed() {
+        let report = TerminationReport {
+            ended_by_term: vec![101, 102],
+            ended_by_kill: vec![103, 99],
+            unkillable: vec![Unkillable {
+                pid: 100,
+                state: 'D',
+                stuck_thread: None,
+            }],
+            elapsed: Duration::from_millis(2100),
+        };
+        let rank_of = |pid: i32| (100..104).contains(&pid).then(|| (pid - 100) as u32);
+        let actions = termination_actions(&report, rank_of);
+        assert_eq!(actions[0].action, "terminate");
+        assert_eq!(actions[0].ranks, [1, 2, 3]);
+        assert!(actions[0].ok, "ranks 1-3 ended: that part did not fail");
+        assert_eq!(
+            actions[0].detail.as_deref(),
+            Some(
+                "ranks 1-3 ended (2 by SIGTERM, 2 by SIGKILL) in 2.1s; rank 0 could not be killed"
+            )
+        );
+        assert_eq!(actions[0].outcomes.len(), 5);
+        assert_eq!(actions[1].action, "unkillable");
+        assert_eq!(actions[1].ranks, [0]);
+        assert!(!actions[1].ok);
+        assert_eq!(
+            actions[1].detail.as_deref(),
+            Some("pid 100 is still in uninterruptible sleep (D) after SIGKILL")
+        );
+        let clean = termination_actions(
+            &TerminationReport {
+                ended_by_term: vec![100],
+                ..Default::default()
+            },
+            rank_of,
+        );
+        assert_eq!(clean.len(), 1);
+        assert_eq!(
+            clean[0].detail.as_deref(),
+            Some("rank 0 ended (1 by SIGTERM, 0 by SIGKILL) in 0.0s")
+        );
+    }
+
+    #[test]
+    fn a_zombie_held_by_a_thread_in_d_is_said_as_such() {
+        let zombie = Unkillable::from_remains(
+            42,
+            &Remains {
+                state: Some('Z'),
+                threads: vec![(42, "python".into(), 'Z'), (57, "ckpt-writer".into(), 'D')],
+            },
+        );
+        assert_eq!(
+            zombie.words(),
+            "pid 42's main thread exited (Z), but its thread 57 (ckpt-writer) is still in uninterruptible sleep \
+             (D) after SIGKILL"
+        );
+        let main = Unkillable::from_remains(
+            42,
+            &Remains {
+                state: Some('D'),
+                threads: vec![(42, "python".into(), 'D'), (43, "pin_memory".into(), 'S')],
+            },
+        );
+        assert_eq!(main.stuck_thread, None);
+        assert_eq!(
+            main.words(),
+            "pid 42 is still in uninterruptible sleep (D) after SIGKILL"
+        );
+        let gone = Unkillable::from_remains(42, &Remains::default());
+        assert_eq!(
+            gone.words(),
+            "pid 42 is still in an unknown state after SIGKILL"
+        );
     }
 }

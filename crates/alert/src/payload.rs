@@ -279,6 +279,7 @@ mod tests {
             ranks: vec![1, 2],
             ok: true,
             detail: Some("2 ended by SIGTERM".into()),
+            outcomes: Vec::new(),
         }];
         let alert = Alert::new(Stage::Acted, &v, 0.0);
         let line = alert.one_line();

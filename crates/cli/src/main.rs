@@ -53,6 +53,10 @@ enum Command {
     /// Internal: read path arguments from rank processes' memory in a throwaway child (used by the roll call).
     #[command(name = "__read-strings", hide = true)]
     ReadStrings(commands::read_strings::Args),
+    /// Internal: read the memory maps of rank processes blocked in a page fault in a throwaway child (used by the
+    /// roll call).
+    #[command(name = "__read-maps", hide = true)]
+    ReadMaps(commands::read_maps::Args),
     /// Internal: probe one path in a throwaway child (used by probe).
     #[command(name = "__probe-child", hide = true)]
     ProbeChild(commands::probe::ChildArgs),
@@ -94,6 +98,7 @@ fn main() -> ExitCode {
         Command::History(args) => commands::history::run(args),
         Command::InspectChild(args) => commands::inspect_child::run(args),
         Command::ReadStrings(args) => commands::read_strings::run(args),
+        Command::ReadMaps(args) => commands::read_maps::run(args),
         Command::ProbeChild(args) => commands::probe::run_child(args),
         Command::LogWriter(args) => commands::log_writer::run(args),
         Command::JobReaper(args) => commands::job_children::run_reaper(args),
@@ -136,6 +141,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::Report(_) => "report",
         Command::InspectChild(_) => "__inspect-child",
         Command::ReadStrings(_) => "__read-strings",
+        Command::ReadMaps(_) => "__read-maps",
         Command::ProbeChild(_) => "__probe-child",
         Command::LogWriter(_) => "__log-writer",
         Command::JobReaper(_) => "__job-reaper",

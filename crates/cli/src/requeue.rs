@@ -571,6 +571,7 @@ fn requeue_action(ok: bool, detail: String) -> ActionRecord {
         ranks: Vec::new(),
         ok,
         detail: Some(detail),
+        outcomes: Vec::new(),
     }
 }
 

@@ -54,7 +54,8 @@ fn the_incident_at_the_default_settings_is_ended_within_seconds_of_the_freeze() 
     assert_eq!(c["syscall"], "write");
     assert_eq!(c["path"], log_s.as_str());
     assert!(
-        done.stderr.contains("a rank stuck on its filesystem"),
+        done.stderr
+            .contains("rank 0 in a filesystem wait, its I/O still"),
         "the fast path took the roll call: {}",
         done.describe()
     );
@@ -126,6 +127,18 @@ fn a_stopped_rank_at_the_default_settings_is_ended_within_seconds() {
     assert!(took < FAST, "took {took:?}: {}", done.describe());
     assert_eq!(done.json["kind"], "stopped", "{}", done.describe());
     assert_eq!(done.culprit(1)["state"], "T");
+    // Issue 25: the line that says why the roll call was taken says what was seen, not "on its filesystem".
+    assert!(
+        done.stderr.contains("hangwatch: no output for ")
+            && done.stderr.contains("(rank 1 stopped (T) for "),
+        "{}",
+        done.describe()
+    );
+    assert!(
+        !done.stderr.contains("filesystem wait"),
+        "{}",
+        done.describe()
+    );
 }
 
 /// A blkio (cgroup v1) group that throttles writes to one device; removed on drop (after its processes are

@@ -434,7 +434,7 @@ fn at_the_default_settings_the_coordinator_ends_the_incident_across_three_nodes_
     assert!(
         coordinator
             .text()
-            .contains("a rank stuck on its filesystem"),
+            .contains("a rank stopped or in a filesystem wait"),
         "{}",
         coordinator.text()
     );

@@ -130,29 +130,28 @@ fn a_rank_blocked_in_stat_on_a_fuse_mount_whose_daemon_is_stopped_names_it() {
 }
 
 #[test]
-fn a_rank_blocked_in_a_page_fault_on_a_frozen_mapping_names_the_mount_that_does_not_answer() {
+fn a_rank_blocked_in_a_page_fault_on_a_frozen_mapping_names_the_mapped_file_and_its_mount() {
     let py = require!(python());
     let fs = require!(LoopExt4::new(64));
     let dir = fs.path().join("data");
     std::fs::create_dir_all(&dir).expect("data directory");
     // A store into a shared mapping of a file there: the page fault waits on the frozen superblock, in no system
-    // call and naming no file, so every writable mount is probed and the one that does not answer is named.
+    // call; the file is the one the rank maps on the mount that does not answer its probe (issue 25).
     let done = blocked_in(py, "mmapwrite", &dir, || fs.freeze().expect("freeze"));
     done.assert_code(75);
     let c = done.culprit(0);
     assert_eq!(c["state"], "D", "{}", done.describe());
-    assert!(
-        c["path"].is_null(),
-        "a page fault names no file: {}",
-        done.describe()
-    );
+    let file = dir.join("mapped-r0.bin").to_string_lossy().into_owned();
+    assert_eq!(c["path"], file.as_str(), "{}", done.describe());
+    assert_eq!(c["page_fault"]["access"], "write", "{}", done.describe());
     let mount = fs.path().to_string_lossy().into_owned();
     assert_eq!(c["mount"], mount.as_str(), "{}", done.describe());
     assert_eq!(c["fstype"], "ext4");
     let summary = done.json["summary"].as_str().unwrap_or_default();
     assert!(
         summary.contains(&format!(
-            "waiting on a frozen superblock; {mount} (ext4) does not respond"
+            "is blocked writing to a memory-mapped file {file} (a page fault, in uninterruptible sleep (D)); \
+             {mount} (ext4) does not respond"
         )),
         "{summary}"
     );

@@ -442,6 +442,7 @@ fn departed_observations(m: &Member) -> NodeObservations {
             start_time: None,
             worker_of: None,
             death: None,
+            mapped_files: None,
         })
         .collect();
     o
@@ -712,6 +713,8 @@ mod tests {
             worker: None,
             exit_code: None,
             death: None,
+            thread_name: None,
+            page_fault: None,
         });
         let rows = |v: &Verdict| v.ranks.iter().filter_map(|r| r.rank).collect::<Vec<_>>();
         let n2 = verdict_for_node(&full, "n2");

@@ -53,7 +53,7 @@ impl JobTrigger {
             JobTrigger::Soft => "soft threshold",
             JobTrigger::Hard => "hard threshold",
             JobTrigger::NodeUnreachable => "a node stopped answering",
-            JobTrigger::FsStall => "a rank stuck on its filesystem",
+            JobTrigger::FsStall => "a rank stopped or in a filesystem wait, its I/O still",
             JobTrigger::Recheck => "still no progress while the ranks compute",
             JobTrigger::ConfirmStop => "the ranks stopped computing",
             JobTrigger::MaxStall => "--max-stall",

@@ -90,6 +90,8 @@ mod tests {
             worker: None,
             exit_code: None,
             death: None,
+            thread_name: None,
+            page_fault: None,
         });
         assert!(is_conclusive(&d));
         assert!(
@@ -117,6 +119,8 @@ mod tests {
                 worker: None,
                 exit_code: code,
                 death: None,
+                thread_name: None,
+                page_fault: None,
             });
             v
         };

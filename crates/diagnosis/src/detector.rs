@@ -21,6 +21,19 @@ pub enum ProgressSource {
     Activity,
 }
 
+impl ProgressSource {
+    /// What was missing, in words, when progress of this kind stopped ("no output" for a job without the
+    /// client); `None`: nothing was ever seen.
+    pub fn missing_words(source: Option<ProgressSource>) -> &'static str {
+        match source {
+            Some(ProgressSource::Heartbeat) => "no heartbeat",
+            Some(ProgressSource::Output) => "no output",
+            Some(ProgressSource::Activity) => "no CPU activity",
+            None => "no progress signal yet",
+        }
+    }
+}
+
 /// Thresholds and how they are learned.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DetectorConfig {

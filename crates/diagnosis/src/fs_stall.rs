@@ -61,6 +61,24 @@ pub struct Stuck {
     pub for_: Duration,
 }
 
+impl Stuck {
+    /// What the fast path saw, for the line that says why a roll call is taken: "rank 0 stopped (T) for 12s",
+    /// "rank 0 in a filesystem wait, its I/O still, for 12s".
+    pub fn words(&self) -> String {
+        let who = match self.rank {
+            Some(r) => format!("rank {r}"),
+            None => format!("pid {}", self.pid),
+        };
+        let secs = self.for_.as_secs_f64();
+        match self.blocked {
+            Blocked::Stopped => format!("{who} stopped (T) for {secs:.0}s"),
+            Blocked::FilesystemWait => {
+                format!("{who} in a filesystem wait, its I/O still, for {secs:.0}s")
+            }
+        }
+    }
+}
+
 /// For each rank, since when it has been blocked the same way with its I/O counters unchanged.
 #[derive(Debug, Default, Clone)]
 pub struct FsStallTracker {
@@ -193,6 +211,24 @@ mod tests {
             fast_path_due(t.longest(s(20)), s(20), Duration::ZERO),
             None,
             "off"
+        );
+    }
+
+    #[test]
+    fn the_trigger_says_what_was_seen() {
+        let stuck = |blocked| Stuck {
+            pid: 42,
+            rank: Some(0),
+            blocked,
+            for_: s(12),
+        };
+        assert_eq!(
+            stuck(Blocked::Stopped).words(),
+            "rank 0 stopped (T) for 12s"
+        );
+        assert_eq!(
+            stuck(Blocked::FilesystemWait).words(),
+            "rank 0 in a filesystem wait, its I/O still, for 12s"
         );
     }
 

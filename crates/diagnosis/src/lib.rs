@@ -6,6 +6,7 @@
 //! - [`death`]: why a rank died (signal, OOM kill, core dump, exception), from the facts gathered at its death.
 //! - [`acting`]: when a verdict is strong enough to act on.
 //! - [`activity`]: whether a job without progress still works, and how long that holds the hard tier back.
+//! - [`faults`]: a rank blocked in a page fault: the memory-mapped file it reads, or the candidates.
 //! - [`fs_stall`]: the fast path for a rank stuck on a filesystem (or stopped) while the job stalls.
 //! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
 //! - [`scope`]: what a fault belongs to (the filesystem, the node, the program), and why.
@@ -15,6 +16,7 @@ pub mod acting;
 pub mod activity;
 pub mod death;
 pub mod detector;
+pub mod faults;
 pub mod fs_stall;
 pub mod position;
 pub mod ranks;
@@ -29,6 +31,7 @@ pub use activity::{
 pub use detector::{
     Detector, DetectorConfig, ProgressBatch, ProgressSource, StallState, Threshold,
 };
+pub use faults::{in_page_fault, wants_mappings, Fault};
 pub use fs_stall::{fast_path_due, thread_blocked, Blocked, FsStallTracker, RankSample, Stuck};
 pub use position::{classify, waits_on_frozen_superblock, Condition, FrozenMount, Position};
 pub use ranks::{

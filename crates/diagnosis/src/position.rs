@@ -53,6 +53,12 @@ pub struct Position {
     /// The innermost frame of the job's own code (outside the standard library and installed packages): what a
     /// person calls the place ("evaluate (eval.py)" rather than "Module._call_impl (torch/nn/modules/module.py)").
     pub own_code: Option<String>,
+    /// The telling thread is blocked in a page fault: what its stack and the process's mappings say (the file is
+    /// named by the decision, once the probes answered).
+    pub fault: Option<crate::faults::Fault>,
+    /// The name of the telling thread when it is not the main thread: its Python name, else its kernel name when
+    /// that differs from the process's.
+    pub thread_name: Option<String>,
 }
 
 /// Kernel frames of a writer waiting for a frozen superblock (`fsfreeze`, a snapshot): the wait names no file, so
@@ -277,7 +283,7 @@ fn kernel_where(thread: &ThreadObservation) -> String {
                 None => format!("{name}()"),
             }
         }
-        (Some(SyscallObservation::NotInSyscall), Some(w)) => {
+        (Some(SyscallObservation::NotInSyscall { .. }), Some(w)) => {
             format!("outside a system call, in {w}")
         }
         (_, Some(w)) => w.to_string(),
@@ -340,6 +346,8 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
             frozen_mount: None,
             filesystem_wait: false,
             own_code: None,
+            fault: None,
+            thread_name: None,
         };
     }
     let busy = is_busy(process, window_ms);
@@ -357,6 +365,8 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
             frozen_mount: None,
             filesystem_wait: false,
             own_code: None,
+            fault: None,
+            thread_name: None,
         };
     };
     let filesystem_wait = waits_on_filesystem(thread);
@@ -391,7 +401,31 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
         frozen_mount: None,
         filesystem_wait,
         own_code,
+        fault: filesystem_wait
+            .then(|| crate::faults::fault_of(process, thread))
+            .flatten(),
+        thread_name: thread_name(process, thread, py_thread),
     }
+}
+
+/// See [`Position::thread_name`].
+fn thread_name(
+    process: &ProcessObservation,
+    thread: &ThreadObservation,
+    py_thread: Option<&PythonThread>,
+) -> Option<String> {
+    if thread.tid == process.pid {
+        return None;
+    }
+    py_thread
+        .and_then(|t| t.name.clone())
+        .or_else(|| {
+            thread
+                .name
+                .clone()
+                .filter(|n| Some(n) != process.comm.as_ref())
+        })
+        .filter(|n| !n.is_empty())
 }
 
 #[cfg(test)]

@@ -372,6 +372,7 @@ mod tests {
             ranks: vec![0],
             ok: false,
             detail: None,
+            outcomes: Vec::new(),
         });
         v
     }
@@ -498,6 +499,7 @@ mod tests {
             ranks: vec![0],
             ok: false,
             detail: None,
+            outcomes: Vec::new(),
         });
         match decide_requeue(&input(&v, 1, Some(previous), Some(100))) {
             RequeueDecision::Requeue { newly_excluded, .. } => {

@@ -4,11 +4,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use hangwatch_model::{
-    Culprit, FilesystemStatus, Group, NodeObservations, ProbeResult, ProcessObservation, RankPlace,
-    RankReport, Verdict, VerdictKind, WorkerRef, WorkerReport, NODE_OBSERVATIONS_VERSION,
-    VERDICT_VERSION,
+    Culprit, FilesystemStatus, Group, NodeObservations, PageFault, ProbeResult, ProcessObservation,
+    RankPlace, RankReport, Verdict, VerdictKind, WorkerRef, WorkerReport,
+    NODE_OBSERVATIONS_VERSION, VERDICT_VERSION,
 };
 
+use crate::faults::{fault_place, fault_words, shared_file};
 use crate::position::{classify, is_filesystem_file, Condition, FrozenMount, Position};
 
 /// One node's roll call in the shape older callers and tests build it; [`roll_call`] turns it into a slice of
@@ -103,21 +104,14 @@ pub fn mounts_to_probe_as_seen(
     window_ms: u64,
 ) -> Vec<MountToProbe> {
     let mut out: Vec<MountToProbe> = Vec::new();
-    for process in processes {
-        let position = classify(process, window_ms);
-        let Some(file) = position.file.as_ref().filter(|f| is_filesystem_file(f)) else {
-            continue;
-        };
+    let mut add = |process: &ProcessObservation, file: &hangwatch_model::FileRef| {
         let (Some(mount), Some(key)) = (file.mount.clone(), file.filesystem_key()) else {
-            continue;
+            return;
         };
-        if !(position.filesystem_wait || position.state == 'D') {
-            continue;
-        }
         if out.iter().any(|m| {
             hangwatch_model::filesystem_key(m.filesystem.as_ref(), Some(&m.mount)) == Some(key)
         }) {
-            continue;
+            return;
         }
         out.push(MountToProbe {
             mount,
@@ -127,6 +121,20 @@ pub fn mounts_to_probe_as_seen(
             source: file.source.clone(),
             filesystem: file.filesystem.as_deref().cloned(),
         });
+    };
+    for process in processes {
+        let position = classify(process, window_ms);
+        if let Some(file) = position.file.as_ref().filter(|f| is_filesystem_file(f)) {
+            if position.filesystem_wait || position.state == 'D' {
+                add(process, file);
+            }
+        }
+        // A page fault names no file: the mounts of the files it maps that could be the one.
+        if let Some(fault) = &position.fault {
+            for file in fault.candidate_files() {
+                add(process, file);
+            }
+        }
     }
     out
 }
@@ -136,6 +144,8 @@ struct Entry<'a> {
     position: Position,
     /// Index of the entry's node in the decision's slice.
     node: usize,
+    /// The page fault of its telling thread, with the file named once the node's probes answered.
+    page_fault: Option<PageFault>,
 }
 
 /// The observations a decision is made from, and whether they span more than one node.
@@ -253,10 +263,30 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         nodes,
         multi: nodes.len() + nodes_not_seen.len() > 1,
     };
-    let entry = |node: usize, process| Entry {
-        process,
-        position: classify(process, nodes[node].window_ms),
-        node,
+    let entry = |node: usize, process| {
+        let mut position = classify(process, nodes[node].window_ms);
+        let page_fault = position.fault.as_ref().map(|fault| {
+            let (page_fault, file) = fault.resolve(&nodes[node].probes);
+            if position.file.is_none() {
+                position.file = file;
+            }
+            if position.file.is_none() {
+                position.frozen_mount = shared_file(&page_fault).and_then(|f| {
+                    Some(FrozenMount {
+                        mount: f.mount.clone()?,
+                        fstype: f.fstype.clone(),
+                        filesystem: f.filesystem.as_deref().cloned(),
+                    })
+                });
+            }
+            page_fault
+        });
+        Entry {
+            process,
+            position,
+            node,
+            page_fault,
+        }
     };
     let mut entries: Vec<Entry> = Vec::new();
     let mut workers: Vec<Entry> = Vec::new();
@@ -392,10 +422,9 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
     all.extend(workers);
     // A writer waiting on a frozen superblock names no file: the one mount of its node that did not answer its
     // probe is the one it waits on (with two or more, none is guessed).
-    for e in all
-        .iter_mut()
-        .filter(|e| e.position.superblock_wait && e.position.file.is_none())
-    {
+    for e in all.iter_mut().filter(|e| {
+        e.position.superblock_wait && e.position.file.is_none() && e.position.frozen_mount.is_none()
+    }) {
         let stuck: Vec<&ProbeResult> = nodes[e.node]
             .probes
             .iter()
@@ -709,6 +738,8 @@ fn culprit(entry: &Entry, ctx: &Ctx, kind: VerdictKind) -> Culprit {
         death: (entry.position.condition == Condition::Exited)
             .then(|| entry.process.death.clone())
             .flatten(),
+        thread_name: entry.position.thread_name.clone(),
+        page_fault: entry.page_fault.clone(),
     }
 }
 
@@ -727,6 +758,15 @@ fn state_words(state: char) -> &'static str {
 fn reason(entry: &Entry, kind: VerdictKind) -> String {
     let p = &entry.position;
     match p.condition {
+        Condition::BlockedInKernel if entry.page_fault.is_some() => {
+            let fault = entry.page_fault.as_ref().map_or_else(String::new, |f| {
+                format!("{}{}", fault_words(f), fault_place(f))
+            });
+            format!(
+                "in {} in a page fault, blocked {fault}, waiting for the filesystem",
+                state_words(p.state)
+            )
+        }
         Condition::BlockedInKernel => {
             let call = p
                 .syscall_name
@@ -802,6 +842,9 @@ fn who(entry: &Entry, ctx: &Ctx) -> String {
         if let Some(inner) = entry.process.ns_pid {
             parts.push(format!("pid {inner} in its container"));
         }
+    }
+    if let Some(name) = &entry.position.thread_name {
+        parts.push(format!("thread {name}"));
     }
     format!("{} ({})", entry.label(), parts.join(", "))
 }
@@ -892,6 +935,17 @@ fn summarize(
         n => format!(" (and {} more like it)", n - 1),
     };
     match (kind, first) {
+        (VerdictKind::BlockedInKernel, Some(e)) if e.page_fault.is_some() => {
+            let p = &e.position;
+            let fault = e.page_fault.as_ref().map_or_else(String::new, |f| format!("{}{}", fault_words(f), fault_place(f)));
+            let mount = match (&p.file, &p.frozen_mount) {
+                (Some(f), _) => f.mount.as_deref().map(|m| (m, f.filesystem_key().unwrap_or(m))),
+                (None, Some(m)) => Some((m.mount.as_str(), hangwatch_model::filesystem_key(m.filesystem.as_ref(), Some(&m.mount)).unwrap_or(&m.mount))),
+                (None, None) => None,
+            };
+            let fs = mount.map(|(m, key)| format!("; {}", fs_words(m, key, ctx.node_name(e), filesystems))).unwrap_or_default();
+            with_rest(format!("{} is blocked {fault} (a page fault, in {}){fs}{more}", who(e, ctx), state_words(p.state)))
+        }
         (VerdictKind::BlockedInKernel, Some(e)) => {
             let p = &e.position;
             let call = p.syscall_name.as_deref().map(|s| format!(" in {s}()")).unwrap_or_default();

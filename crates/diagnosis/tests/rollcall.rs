@@ -180,7 +180,7 @@ fn a_wait_on_a_frozen_superblock_is_put_on_the_one_mount_that_does_not_answer() 
         1000,
         'D',
         "percpu_rwsem_wait",
-        Some(SyscallObservation::NotInSyscall),
+        Some(SyscallObservation::NotInSyscall { pc: None }),
     );
     t.kernel_stack = Some(vec![
         "percpu_rwsem_wait".into(),
@@ -201,7 +201,8 @@ fn a_wait_on_a_frozen_superblock_is_put_on_the_one_mount_that_does_not_answer() 
     );
     assert!(
         one.summary
-            .contains("waiting on a frozen superblock; /data (ext4) does not respond"),
+            .contains("is blocked writing to a memory-mapped file")
+            && one.summary.contains("; /data (ext4) does not respond"),
         "{}",
         one.summary
     );
@@ -732,4 +733,101 @@ fn a_dataloader_worker_is_called_so() {
         "DataLoader worker, descendant of rank 0 (parent pid 2001)"
     );
     assert!(v.summary.starts_with("rank 0's worker pid 2002 (DataLoader worker, descendant of rank 0 (parent pid 2001), node n1)"), "{}", v.summary);
+}
+
+/// Issue 25: a rank held up by one of its threads names that thread as its name, not its id.
+#[test]
+fn the_stuck_thread_of_a_rank_is_named() {
+    let mut procs = ranks(3);
+    let mut writer = thread(
+        1007,
+        'D',
+        "percpu_rwsem_wait",
+        in_call("write", 1, "/shared/ckpt.pt", "/shared", "ext4"),
+    );
+    writer.name = Some("ckpt-writer".into());
+    procs[0].threads.push(writer);
+    let v = roll_call(&input(procs, vec![probe("/shared", "ext4", false)]));
+    assert_eq!(
+        v.summary,
+        "rank 0 (node n1, pid 1000, thread ckpt-writer) is in uninterruptible sleep (D) in write() on \
+         /shared/ckpt.pt; /shared (ext4) does not respond; 2 ranks wait in barrier (rank.py)"
+    );
+    assert_eq!(v.culprits[0].tid, Some(1007));
+    assert_eq!(v.culprits[0].thread_name.as_deref(), Some("ckpt-writer"));
+}
+
+/// Issue 25: a rank in a page fault on a mapped dataset file of a mount that does not answer: the file named in
+/// the summary, the culprit and its reason.
+#[test]
+fn a_rank_in_a_page_fault_names_the_mapped_file_and_its_mount() {
+    use hangwatch_model::{FaultFound, MappedFile, MappedFiles};
+    let mut procs = ranks(4);
+    let mut t = thread(
+        1000,
+        'D',
+        "folio_wait_bit_common",
+        Some(SyscallObservation::NotInSyscall { pc: Some(0x10) }),
+    );
+    t.kernel_stack = Some(
+        [
+            "folio_wait_bit_common",
+            "filemap_fault",
+            "__do_fault",
+            "handle_mm_fault",
+            "exc_page_fault",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    procs[0].threads[0] = t;
+    let file = |path: &str, mount: &str, fstype: &str, at: u64| MappedFile {
+        file: FileRef {
+            filesystem: None,
+            path: path.into(),
+            mount: Some(mount.into()),
+            fstype: Some(fstype.into()),
+            source: None,
+        },
+        ranges: vec![(at, at + 0x1000)],
+        code: false,
+    };
+    procs[0].mapped_files = Some(MappedFiles {
+        files: vec![
+            file("/usr/bin/python3", "/", "ext4", 0),
+            file("/data/train.arrow", "/data", "fuse.s3fs", 0x100000),
+        ],
+        unreadable: None,
+    });
+    assert_eq!(
+        mounts_to_probe(&procs, WINDOW_MS),
+        ["/", "/data"],
+        "the stack names no filesystem: every mount it maps files from"
+    );
+    let v = roll_call(&input(
+        procs,
+        vec![probe("/", "ext4", true), probe("/data", "fuse.s3fs", false)],
+    ));
+    assert_eq!(v.kind, VerdictKind::BlockedInKernel);
+    assert_eq!(
+        v.summary,
+        "rank 0 (node n1, pid 1000) is blocked reading a memory-mapped file /data/train.arrow (a page fault, in \
+         uninterruptible sleep (D)); /data (fuse.s3fs) does not respond; 3 ranks wait in barrier (rank.py)"
+    );
+    let c = &v.culprits[0];
+    assert_eq!(
+        (c.path.as_deref(), c.mount.as_deref(), c.fstype.as_deref()),
+        (Some("/data/train.arrow"), Some("/data"), Some("fuse.s3fs"))
+    );
+    assert_eq!(
+        c.page_fault.as_ref().map(|f| f.found_by),
+        Some(FaultFound::OnlyMapping)
+    );
+    assert_eq!(
+        c.reason.as_deref(),
+        Some(
+            "in uninterruptible sleep (D) in a page fault, blocked reading a memory-mapped file /data/train.arrow, \
+             waiting for the filesystem"
+        )
+    );
 }

@@ -2,6 +2,7 @@
 //! /proc reads, Python stacks in a throwaway child, filesystem probes in sacrificial children.
 
 pub mod child;
+pub mod maps;
 pub mod namespaces;
 pub mod paths;
 pub mod prepared;

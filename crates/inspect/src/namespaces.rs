@@ -61,6 +61,9 @@ impl MountViews {
                     self.identify_file(file, table.as_ref(), *other);
                 }
             }
+            for mapped in o.mapped_files.iter_mut().flat_map(|m| m.files.iter_mut()) {
+                self.identify_file(&mut mapped.file, table.as_ref(), *other);
+            }
         }
     }
 

@@ -13,13 +13,16 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use hangwatch_diagnosis::{mounts_to_probe_as_seen, superblock_waiter};
+use hangwatch_diagnosis::{mounts_to_probe_as_seen, superblock_waiter, wants_mappings};
 use hangwatch_model::{
-    NodeObservations, ProbeResult, ProcId, ProcessObservation, SyscallObservation, WorkerOf,
-    NODE_OBSERVATIONS_VERSION,
+    MappedFiles, NodeObservations, ProbeResult, ProcId, ProcessObservation, SyscallObservation,
+    WorkerOf, NODE_OBSERVATIONS_VERSION,
 };
-use hangwatch_proc::{observe_process, resolve_file_ref, MountTable, ProcFs, ReadError};
+use hangwatch_proc::{
+    mapped_files, observe_process, parse_maps, resolve_file_ref, MountTable, ProcFs, ReadError,
+};
 
+use crate::maps::read_maps;
 use crate::namespaces::{same_filesystem, MountViews};
 use crate::paths::{absolute, read_strings, StringAt};
 use crate::prepared::PreparedStacks;
@@ -252,6 +255,12 @@ pub fn take_roll_call(
         &options.stacks.program,
         options.stacks.per_pid_timeout,
     );
+    fill_mapped_files(
+        procfs,
+        &mut observations,
+        &options.stacks.program,
+        options.stacks.per_pid_timeout,
+    );
 
     let mut unreadable = Vec::new();
     let mut stacks_prepared = 0;
@@ -436,6 +445,48 @@ fn fill_path_arguments(
                 o.read_issues.push(format!("thread {}: {why}", t.tid));
             }
         }
+    }
+}
+
+/// Reads the memory map of every process with a thread blocked in a page fault (in one abandonable child, within
+/// `deadline`) and places each mapped file on its mount with the process's mount table: the file it faults on is
+/// one of them, named by the decision once the probes answered.
+fn fill_mapped_files(
+    procfs: &ProcFs,
+    observations: &mut [ProcessObservation],
+    program: &std::path::Path,
+    deadline: Duration,
+) {
+    let pids: Vec<i32> = observations
+        .iter()
+        .filter(|o| wants_mappings(o))
+        .map(|o| o.pid)
+        .collect();
+    if pids.is_empty() {
+        return;
+    }
+    let mut read = read_maps(program, procfs.root(), &pids, deadline);
+    for o in observations.iter_mut() {
+        let Some(result) = read.remove(&o.pid) else {
+            continue;
+        };
+        o.mapped_files = Some(match result {
+            Ok(text) => {
+                let table = procfs.mountinfo(o.pid).ok();
+                MappedFiles {
+                    files: mapped_files(&parse_maps(&text), table.as_ref()),
+                    unreadable: None,
+                }
+            }
+            Err(why) => {
+                o.read_issues
+                    .push(format!("the files it maps are not known: {why}"));
+                MappedFiles {
+                    files: Vec::new(),
+                    unreadable: Some(why),
+                }
+            }
+        });
     }
 }
 

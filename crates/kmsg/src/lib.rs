@@ -31,5 +31,5 @@ pub use report::{
     report_from_lines, report_from_reader, report_from_text, FsComplaintGroup, HungTask, Report,
     ReportOptions, Since, XidGroup, REPORT_VERSION,
 };
-pub use stack::Filesystem;
+pub use stack::{page_fault, FaultAccess, Filesystem, Frame};
 pub use time::{Timestamp, WallTime};

@@ -24,6 +24,21 @@ impl Frame {
         }
     }
 
+    /// A frame as [`Frame::display`] wrote it (`function`, `function [module]`), as /proc/PID/task/TID/stack is
+    /// kept in observations.
+    pub fn from_display(text: &str) -> Frame {
+        let text = text.trim();
+        let (function, module) = match text.split_once(" [") {
+            Some((f, m)) => (f, m.strip_suffix(']').map(str::to_string)),
+            None => (text, None),
+        };
+        Frame {
+            function: function.to_string(),
+            module,
+            reliable: true,
+        }
+    }
+
     /// The symbol without compiler suffixes (`.isra.47`, `.part.61`, `.cold`, `.constprop.0`).
     pub fn base(&self) -> &str {
         self.function.split('.').next().unwrap_or(&self.function)
@@ -133,6 +148,28 @@ impl Filesystem {
             Filesystem::Zfs => "ZFS",
             Filesystem::Weka => "WekaFS",
             Filesystem::Autofs => "autofs",
+        }
+    }
+
+    /// Whether a mount's filesystem type (`fuse.bindfs`, `nfs4`, `lustre`) is this filesystem.
+    pub fn matches_fstype(self, fstype: &str) -> bool {
+        let base = fstype.split('.').next().unwrap_or(fstype);
+        match self {
+            Filesystem::Gpfs => base == "gpfs",
+            Filesystem::Lustre => base == "lustre",
+            Filesystem::Nfs => base.starts_with("nfs"),
+            Filesystem::Fuse => base == "fuse" || base == "fuseblk",
+            Filesystem::Ext4 => base == "ext4" || base == "ext3",
+            Filesystem::Xfs => base == "xfs",
+            Filesystem::Btrfs => base == "btrfs",
+            Filesystem::Overlay => base == "overlay",
+            Filesystem::Ceph => base == "ceph",
+            Filesystem::Cifs => matches!(base, "cifs" | "smb3" | "smbfs"),
+            Filesystem::NineP => base == "9p",
+            Filesystem::Beegfs => base == "beegfs",
+            Filesystem::Zfs => base == "zfs",
+            Filesystem::Weka => base == "wekafs",
+            Filesystem::Autofs => base == "autofs",
         }
     }
 
@@ -277,6 +314,13 @@ fn operation_of(f: &str) -> Option<&'static str> {
         | "generic_file_buffered_read" => "read",
         "filemap_fault"
         | "__do_fault"
+        | "do_read_fault"
+        | "do_shared_fault"
+        | "do_cow_fault"
+        | "do_page_mkwrite"
+        | "do_wp_page"
+        | "wp_page_shared"
+        | "asm_exc_page_fault"
         | "do_fault"
         | "handle_mm_fault"
         | "__handle_mm_fault"
@@ -359,6 +403,36 @@ pub fn analyze(frames: &[Frame]) -> StackFacts {
     let cgroup = chosen.iter().any(|f| f.base().contains("cgroup"));
     facts.frozen = freeze_wait && !cgroup && chosen.iter().any(|f| is_modifying(f.base()));
     facts
+}
+
+/// How a stack in a page fault touches the mapped file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultAccess {
+    Read,
+    /// A store into a shared file mapping (`page_mkwrite`): it waits for the filesystem to take a write.
+    Write,
+}
+
+/// Whether a stack (innermost first) is a page fault, and which way: the first VFS operation it shows is a fault
+/// (a fault inside a system call, copying from a mapped file, counts).
+pub fn page_fault(frames: &[Frame]) -> Option<FaultAccess> {
+    if analyze(frames).operation != Some("page fault") {
+        return None;
+    }
+    let writes = frames.iter().any(|f| {
+        let b = f.base();
+        b.contains("page_mkwrite")
+            || matches!(
+                b,
+                "do_wp_page" | "wp_page_shared" | "do_shared_fault" | "sb_start_pagefault"
+            )
+    });
+    Some(if writes {
+        FaultAccess::Write
+    } else {
+        FaultAccess::Read
+    })
 }
 
 /// The frames people read: reliable ones, `function [module]`, consecutive repeats removed.
@@ -554,5 +628,68 @@ mod tests {
             " bar+0x3/0x4 [m]",
         ]));
         assert_eq!(shown, ["schedule", "bar [m]"]);
+    }
+
+    fn stored(lines: &[&str]) -> Vec<Frame> {
+        lines.iter().map(|l| Frame::from_display(l)).collect()
+    }
+
+    #[test]
+    fn a_read_fault_on_fuse_and_a_write_fault_on_a_frozen_ext4() {
+        let fuse = stored(&[
+            "request_wait_answer [fuse]",
+            "fuse_simple_request [fuse]",
+            "fuse_read_folio [fuse]",
+            "filemap_read_folio",
+            "filemap_fault",
+            "__do_fault",
+            "do_read_fault",
+            "handle_mm_fault",
+            "do_user_addr_fault",
+            "exc_page_fault",
+            "asm_exc_page_fault",
+        ]);
+        assert_eq!(page_fault(&fuse), Some(FaultAccess::Read));
+        assert_eq!(analyze(&fuse).filesystem, Some(Filesystem::Fuse));
+        let locked = stored(&[
+            "folio_wait_bit_common",
+            "filemap_fault",
+            "__do_fault",
+            "exc_page_fault",
+        ]);
+        assert_eq!(page_fault(&locked), Some(FaultAccess::Read));
+        assert_eq!(analyze(&locked).filesystem, None, "no filesystem named");
+        let frozen = stored(&[
+            "percpu_rwsem_wait",
+            "__percpu_down_read",
+            "ext4_page_mkwrite",
+            "do_page_mkwrite",
+            "do_shared_fault",
+            "handle_mm_fault",
+            "exc_page_fault",
+        ]);
+        assert_eq!(page_fault(&frozen), Some(FaultAccess::Write));
+        let write_call = stored(&[
+            "request_wait_answer [fuse]",
+            "fuse_perform_write [fuse]",
+            "vfs_write",
+            "ksys_write",
+            "do_syscall_64",
+        ]);
+        assert_eq!(page_fault(&write_call), None, "a write() is no fault");
+    }
+
+    #[test]
+    fn stack_filesystems_match_mount_types() {
+        assert!(Filesystem::Fuse.matches_fstype("fuse.bindfs"));
+        assert!(Filesystem::Fuse.matches_fstype("fuseblk"));
+        assert!(Filesystem::Nfs.matches_fstype("nfs4"));
+        assert!(Filesystem::Gpfs.matches_fstype("gpfs"));
+        assert!(!Filesystem::Fuse.matches_fstype("ext4"));
+        let f = Frame::from_display("gpfs_f_rdwr_iter [mmfslinux]");
+        assert_eq!(
+            (f.function.as_str(), f.module.as_deref()),
+            ("gpfs_f_rdwr_iter", Some("mmfslinux"))
+        );
     }
 }

@@ -49,6 +49,41 @@ pub struct ProcessObservation {
     /// It lives in a mount namespace other than hangwatch's (a container): its paths and mounts are its own.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub other_mount_namespace: bool,
+    /// The files this process has memory-mapped, read (in an abandonable child) only when one of its threads is
+    /// blocked in a page fault: the file it faults on is one of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapped_files: Option<MappedFiles>,
+}
+
+/// The file-backed mappings of a process (`/proc/PID/maps`), each placed on its mount.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MappedFiles {
+    /// One entry per file (its mappings merged), in address order of the first.
+    pub files: Vec<MappedFile>,
+    /// Why the map could not be read (it takes the process's mmap lock, which a fault may hold); `files` is then
+    /// empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
+}
+
+/// One memory-mapped file of a process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MappedFile {
+    /// The file, its mount and filesystem (from the mapping's device and the process's mount table).
+    pub file: FileRef,
+    /// The address ranges it is mapped at, `[start, end)`.
+    pub ranges: Vec<(u64, u64)>,
+    /// Mapped executable: code (the program or a shared library), not data.
+    pub code: bool,
+}
+
+impl MappedFile {
+    /// Whether `addr` lies in one of its mappings.
+    pub fn holds(&self, addr: u64) -> bool {
+        self.ranges
+            .iter()
+            .any(|&(start, end)| start <= addr && addr < end)
+    }
 }
 
 /// Where a process's rank number came from, as the evidence says it. The order in which sources are tried is
@@ -153,7 +188,12 @@ pub enum SyscallObservation {
     /// The thread is running on a CPU.
     Running,
     /// Blocked, but not in a system call (`-1 sp pc`: e.g. a page fault on a frozen mount).
-    NotInSyscall,
+    NotInSyscall {
+        /// The user instruction pointer: for a fault on code (the executable, a shared library) it lies in the
+        /// page being read, and so names the file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pc: Option<u64>,
+    },
     /// Blocked in a system call.
     InSyscall {
         nr: i64,

@@ -314,6 +314,56 @@ pub struct Culprit {
     /// nothing was gathered.
     #[serde(default)]
     pub death: Option<crate::RankDeath>,
+    /// The name of the stuck thread (`ckpt-writer`): its Python name, else its kernel name when it differs
+    /// from the process's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_name: Option<String>,
+    /// Set when the stuck thread is blocked in a page fault on a memory-mapped file (in no system call): which
+    /// file, or which files it may be.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_fault: Option<PageFault>,
+}
+
+/// A thread blocked in a page fault on a memory-mapped file. `path`, `mount` and `fstype` of the culprit name the
+/// file when it is known; with several candidates `path` is null and they are listed here (`mount` is named when
+/// they share it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PageFault {
+    /// Reading the mapping, or writing to it (a store into a shared file mapping).
+    pub access: FaultAccess,
+    /// How the file was found.
+    pub found_by: FaultFound,
+    /// The mapped files it may be faulting on (one when `found_by` names it).
+    #[serde(default)]
+    pub candidates: Vec<crate::FileRef>,
+    /// The file is code: the program or a shared library (a fault loading it, not reading data).
+    #[serde(default)]
+    pub code: bool,
+    /// Why the process's mappings could not be read, when they could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
+}
+
+/// Which way a page fault touches its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultAccess {
+    Read,
+    Write,
+}
+
+/// How the file of a page fault was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultFound {
+    /// The faulting instruction lies in the file: a fault on code.
+    InstructionPointer,
+    /// The only file the process maps on the filesystem that the kernel stack names or that does not answer.
+    OnlyMapping,
+    /// Several files it maps there: `candidates`, one of which it is.
+    Candidates,
+    /// No file it maps is on such a filesystem, or its mappings could not be read.
+    NotFound,
 }
 
 impl Culprit {
@@ -328,6 +378,8 @@ impl Culprit {
             worker: None,
             exit_code: None,
             death: None,
+            thread_name: None,
+            page_fault: None,
         }
     }
 }
@@ -453,6 +505,46 @@ pub struct ActionRecord {
     pub ok: bool,
     #[serde(default)]
     pub detail: Option<String>,
+    /// For a termination: what became of each process, one entry per process signalled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outcomes: Vec<ProcessOutcome>,
+}
+
+/// What a termination did to one process of the job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessOutcome {
+    pub pid: i32,
+    /// Its rank, when it is one (a launcher is not).
+    #[serde(default)]
+    pub rank: Option<u32>,
+    pub ended: Ended,
+    /// For one that could not be killed: its state letter after SIGKILL (`D`; `Z` when its main thread exited
+    /// and another thread is stuck).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<char>,
+    /// For one that could not be killed: the thread that holds it (its id, name and state), when it is not the
+    /// main thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stuck_thread: Option<StuckThread>,
+}
+
+/// How a process of the job ended when it was terminated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ended {
+    BySigterm,
+    BySigkill,
+    /// Still there after SIGKILL and the wait: blocked in the kernel.
+    Unkillable,
+}
+
+/// A thread that keeps a process from ending.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StuckThread {
+    pub tid: i32,
+    #[serde(default)]
+    pub name: Option<String>,
+    pub state: char,
 }
 
 /// One line of the roll call: a rank process and where its most telling thread is.

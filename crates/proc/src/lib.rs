@@ -14,6 +14,7 @@ mod fdinfo;
 mod identity;
 mod io;
 mod kernel;
+mod maps;
 mod mountinfo;
 mod observe;
 mod reader;
@@ -35,7 +36,10 @@ pub use fdinfo::{parse_fdinfo, FdInfo};
 pub use identity::{filesystem_id, is_network_fstype};
 pub use io::{parse_io, IoCounters};
 pub use kernel::{parse_stack, parse_wchan};
-pub use mountinfo::{is_remote_fstype, parse_mountinfo, unescape, Mount, MountTable};
+pub use maps::{mapped_files, parse_maps, Mapping, MAX_MAPPED_FILES};
+pub use mountinfo::{
+    is_pseudo_fstype, is_remote_fstype, parse_mountinfo, unescape, Mount, MountTable,
+};
 pub use observe::{decode_syscall, observe_process, observe_threads, ProcessSample, ThreadSample};
 pub use reader::{FileResolver, ProcFs};
 pub use resolve::{resolve_file_ref, FileTarget};

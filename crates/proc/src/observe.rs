@@ -163,7 +163,7 @@ pub fn decode_syscall(
 ) -> SyscallObservation {
     match line {
         SyscallLine::Running => SyscallObservation::Running,
-        SyscallLine::NotInSyscall { .. } => SyscallObservation::NotInSyscall,
+        SyscallLine::NotInSyscall { pc, .. } => SyscallObservation::NotInSyscall { pc: Some(pc) },
         SyscallLine::InSyscall { nr, args, .. } => {
             let name = syscall_name(nr);
             let arg = |index: usize| args.get(index).copied();
@@ -513,7 +513,7 @@ mod tests {
         let mut resolve = no_files;
         assert_eq!(
             decode_syscall(SyscallLine::NotInSyscall { sp: 1, pc: 2 }, &mut resolve),
-            SyscallObservation::NotInSyscall
+            SyscallObservation::NotInSyscall { pc: Some(2) }
         );
         let unknown = decode_syscall(
             SyscallLine::InSyscall {

@@ -182,6 +182,7 @@ dl.facts dt{color:#666}dl.facts dd{margin:0;overflow-wrap:anywhere}
 ol.stack{margin:0;padding-left:26px;font:13px/1.5 ui-monospace,"DejaVu Sans Mono",monospace}
 ol.stack li:first-child{font-weight:700}
 pre{background:#f6f8fa;border:1px solid #e5e7eb;border-radius:6px;padding:8px 10px;font:12.5px/1.45 ui-monospace,"DejaVu Sans Mono",monospace;overflow:auto;max-height:420px;white-space:pre-wrap;overflow-wrap:anywhere;margin:0}
+pre.tail{max-height:none}
 code{font:13px ui-monospace,"DejaVu Sans Mono",monospace;overflow-wrap:anywhere}
 table{border-collapse:collapse;width:100%;font-size:14px}
 th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eee;vertical-align:top;overflow-wrap:anywhere}
@@ -349,7 +350,12 @@ fn todo(out: &mut String, v: &Verdict) {
                 Esc(&a.action),
                 Esc(&grid::rank_ranges(&a.ranks)),
                 if a.ok { "ok" } else { "bad" },
-                if a.ok { "ok" } else { "failed" },
+                match (a.action.as_str(), a.ok) {
+                    ("terminate", true) => "ended",
+                    ("unkillable", _) => "could not be killed",
+                    (_, true) => "ok",
+                    (_, false) => "failed",
+                },
                 Esc(a.detail.as_deref().unwrap_or(""))
             );
         }
@@ -435,8 +441,52 @@ fn culprit_section(out: &mut String, bundle: &Bundle, c: &Culprit, index: usize,
         }
         fact(out, "wait channel", &text);
     }
+    if let Some(fault) = &c.page_fault {
+        let access = match fault.access {
+            hangwatch_model::FaultAccess::Read => "reading",
+            hangwatch_model::FaultAccess::Write => "writing to",
+        };
+        fact(
+            out,
+            "page fault",
+            &format!(
+                "blocked {access} a memory-mapped file{}, in no system call",
+                if fault.code {
+                    " (code: the program or a shared library)"
+                } else {
+                    ""
+                }
+            ),
+        );
+        if c.path.is_none() && !fault.candidates.is_empty() {
+            let mut html = format!("one of {}: ", fault.candidates.len());
+            let shown: Vec<String> = fault
+                .candidates
+                .iter()
+                .take(20)
+                .map(|f| format!("<code>{}</code>", Esc(&f.path)))
+                .collect();
+            html.push_str(&shown.join(", "));
+            if fault.candidates.len() > 20 {
+                let _ = write!(
+                    html,
+                    ", ... {} more in verdict.json",
+                    fault.candidates.len() - 20
+                );
+            }
+            fact_html(out, "candidate files", &html);
+        }
+        if let Some(why) = &fault.unreadable {
+            fact(out, "mapped files", &format!("not known: {why}"));
+        }
+    }
     if let Some(path) = &c.path {
-        fact_html(out, "file", &format!("<code>{}</code>", Esc(path)));
+        let name = if c.page_fault.is_some() {
+            "memory-mapped file"
+        } else {
+            "file"
+        };
+        fact_html(out, name, &format!("<code>{}</code>", Esc(path)));
     }
     if c.mount.is_some() || c.fstype.is_some() {
         let mut html = format!("<code>{}</code>", Esc(c.mount.as_deref().unwrap_or("?")));
@@ -470,7 +520,11 @@ fn culprit_section(out: &mut String, bundle: &Bundle, c: &Culprit, index: usize,
         );
     }
     if let Some(tid) = c.tid.filter(|t| *t != c.pid) {
-        fact(out, "stuck thread", &tid.to_string());
+        let thread = match &c.thread_name {
+            Some(name) => format!("{name} (tid {tid})"),
+            None => format!("tid {tid}"),
+        };
+        fact(out, "stuck thread", &thread);
     }
     if let Some(tracer) = c.tracer_pid.filter(|t| *t != 0) {
         fact(out, "tracer attached", &format!("pid {tracer}"));
@@ -501,18 +555,15 @@ fn culprit_section(out: &mut String, bundle: &Bundle, c: &Culprit, index: usize,
     if let Some(rank) = c.rank {
         let _ = write!(out, "<h3>Last output of rank {rank}</h3>");
         match bundle.output_tails.get(&rank) {
-            Some(lines) if !lines.is_empty() => {
-                let _ = write!(out, "<pre>{}</pre>", Esc(&lines.join("\n")));
-            }
+            Some(lines) if !lines.is_empty() => output_tail(out, lines),
             Some(_) => out.push_str("<p class=\"muted\">The rank printed nothing.</p>"),
             None if bundle.job_output_tail.is_some() => {
                 let lines = bundle.job_output_tail.as_deref().unwrap_or_default();
-                let _ = write!(
-                    out,
+                out.push_str(
                     "<p class=\"muted\">The job's output as its launcher printed it, every rank together (hangwatch \
-                     watched the launcher and could not tell the lines apart by rank):</p><pre>{}</pre>",
-                    Esc(&lines.join("\n"))
+                     watched the launcher and could not tell the lines apart by rank):</p>",
                 );
+                output_tail(out, lines);
             }
             None => {
                 let _ = write!(
@@ -528,6 +579,27 @@ fn culprit_section(out: &mut String, bundle: &Bundle, c: &Culprit, index: usize,
         }
     }
     out.push_str("</section>");
+}
+
+/// How many of a rank's last lines are shown open: the box must open on the last line, and a scrolled `<pre>`
+/// opens on its first.
+const OPEN_TAIL_LINES: usize = 15;
+
+/// A rank's last output, the last line last and in view: the last [`OPEN_TAIL_LINES`] lines open, the ones
+/// before them folded above.
+fn output_tail(out: &mut String, lines: &[String]) {
+    let split = lines.len().saturating_sub(OPEN_TAIL_LINES);
+    let (earlier, last) = lines.split_at(split);
+    if !earlier.is_empty() {
+        let _ = write!(
+            out,
+            "<details><summary>{} earlier line{}</summary><pre>{}</pre></details>",
+            earlier.len(),
+            if earlier.len() == 1 { "" } else { "s" },
+            Esc(&earlier.join("\n"))
+        );
+    }
+    let _ = write!(out, "<pre class=\"tail\">{}</pre>", Esc(&last.join("\n")));
 }
 
 fn local_node(bundle: &Bundle) -> Option<String> {

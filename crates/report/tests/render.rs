@@ -336,6 +336,8 @@ fn big_verdict() -> Verdict {
         worker: None,
         exit_code: None,
         death: None,
+        thread_name: None,
+        page_fault: None,
     }];
     v.groups = vec![
         Group {
@@ -427,4 +429,51 @@ fn under_a_launcher_the_jobs_one_output_stream_stands_in_for_the_culprits() {
         "job output not escaped"
     );
     assert!(!page.contains("No <code>output/rank-"));
+}
+
+/// Issue 25: the last output of the culprit opens on its last line (the lines before it folded above), the
+/// stuck thread is named, and a termination says which ranks ended.
+#[test]
+fn the_culprits_last_output_shows_its_last_line_last_and_its_stuck_thread_by_name() {
+    let dir = copy_of("node");
+    let lines: Vec<String> = (0..60).map(|i| format!("step {i} done")).collect();
+    std::fs::write(
+        dir.path().join("output/rank-0.txt"),
+        lines.join("\n") + "\n",
+    )
+    .expect("rank 0 output");
+    let mut v = read_verdict(dir.path());
+    let pid = v.culprits[0].pid;
+    v.culprits[0].tid = Some(pid + 7);
+    v.culprits[0].thread_name = Some("ckpt-writer".into());
+    v.actions.retain(|a| a.action != "terminate");
+    v.actions.push(hangwatch_model::ActionRecord {
+        action: "terminate".into(),
+        ranks: vec![1, 2],
+        ok: true,
+        detail: Some("ranks 1-2 ended (2 by SIGTERM, 0 by SIGKILL) in 0.3s".into()),
+        outcomes: Vec::new(),
+    });
+    write_verdict(dir.path(), &v);
+    let page = render_html(&Bundle::read(dir.path()).expect("bundle reads"));
+    keep("last-output.html", &page);
+    let open = page
+        .split("<pre class=\"tail\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</pre>").next())
+        .expect("the open tail");
+    assert!(open.ends_with("step 59 done"), "{open}");
+    assert!(open.starts_with("step 45 done"), "{open}");
+    let folded = page
+        .find("<summary>45 earlier lines</summary>")
+        .expect("folded");
+    assert!(
+        folded < page.find("<pre class=\"tail\">").expect("tail"),
+        "the earlier lines come first"
+    );
+    assert!(page.contains(&format!("<dd>ckpt-writer (tid {})</dd>", pid + 7)));
+    assert!(
+        page.contains(">ended</td>"),
+        "ranks that ended did not fail"
+    );
 }

@@ -280,6 +280,7 @@ impl JobAlerts {
                         "ordered every node to end its ranks ({})",
                         nodes.join(", ")
                     )),
+                    outcomes: Vec::new(),
                 });
                 Alert::new(Stage::Acted, &verdict, hangwatch_model::unix_now())
             }

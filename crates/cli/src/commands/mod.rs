@@ -13,6 +13,7 @@ pub mod log_writer;
 pub mod metrics;
 pub mod own_output;
 pub mod probe;
+pub mod read_maps;
 pub mod read_strings;
 pub mod report;
 pub mod run;
