@@ -45,6 +45,8 @@ pub enum Check {
     KernelStacks,
     /// May hangwatch follow the kernel log (hung tasks, GPU Xid errors, NFS complaints)?
     KernelLog,
+    /// Does hangwatch run inside a container, and may it see the ranks' namespaces from there?
+    Container,
     /// Is the evidence written to a node-local filesystem?
     ReportDir,
     /// Does the kernel have a hung-task detector, switched on?
@@ -134,6 +136,7 @@ impl Finding {
 /// The checklist for these facts: one finding per check that applies, in [`Check`] order.
 pub fn diagnose(facts: &HostFacts) -> Vec<Finding> {
     let mut out = vec![ptrace(facts), kernel_stacks(facts), kernel_log(facts)];
+    out.extend(container(facts));
     out.extend(path_check(facts, PathRole::ReportDir));
     out.push(hung_task_detector(facts));
     out.extend(hung_task_warnings(facts));
@@ -233,6 +236,47 @@ fn ptrace(facts: &HostFacts) -> Finding {
             "setcap cap_sys_ptrace+ep $(which hangwatch)",
         ),
     }
+}
+
+/// hangwatch inside a container sees only that container's processes; a rank in another container (its own pid
+/// and mount namespaces) is invisible, and reading its mounts (`/proc/PID/root`, `mountinfo`) needs ptrace
+/// rights over it.
+fn container(facts: &HostFacts) -> Option<Finding> {
+    const WHY: &str = "ranks in containers have their own pids and mounts: hangwatch names their files, mounts and \
+                       filesystems through /proc/PID/root and /proc/PID/mountinfo, which it can read only for \
+                       processes it can see and may trace";
+    let depth = facts.pid_namespace_depth?;
+    if depth <= 1 {
+        return Some(Finding::pass(
+            Check::Container,
+            Severity::Advice,
+            "hangwatch runs in the node's pid namespace: it sees every rank, in a container or not",
+            WHY,
+        ));
+    }
+    let ptrace = facts.capabilities.is_some_and(|c| c.sys_ptrace);
+    let fix = "run `hangwatch run` inside the ranks' own container (it then watches the ranks it starts), or run \
+               hangwatch on the node: outside the container, or in one that shares the node's pid namespace \
+               (docker/podman --pid=host, Kubernetes hostPID: true) with CAP_SYS_PTRACE (--cap-add SYS_PTRACE, \
+               securityContext.capabilities.add: [SYS_PTRACE]); see docs/containers.md";
+    Some(if ptrace {
+        Finding::pass(
+            Check::Container,
+            Severity::Advice,
+            "hangwatch runs inside a container, with CAP_SYS_PTRACE: it sees the ranks of the pid namespace it \
+             shares, and their mounts",
+            WHY,
+        )
+    } else {
+        Finding::fail(
+            Check::Container,
+            Severity::Advice,
+            "hangwatch runs inside a container without CAP_SYS_PTRACE: it sees only ranks of its own container \
+             and its own user, and cannot read the mounts of ranks in other containers",
+            WHY,
+            fix,
+        )
+    })
 }
 
 fn scope_words(scope: &SysctlValue) -> &'static str {
@@ -730,6 +774,7 @@ mod tests {
         HostFacts {
             euid: Some(0),
             capabilities: Some(Capabilities::from_effective(ROOT_CAPS)),
+            pid_namespace_depth: Some(1),
             sysctls: Sysctls {
                 ptrace_scope: SysctlValue::Value(1),
                 dmesg_restrict: SysctlValue::Value(0),
@@ -791,6 +836,7 @@ mod tests {
                 Check::Ptrace,
                 Check::KernelStacks,
                 Check::KernelLog,
+                Check::Container,
                 Check::ReportDir,
                 Check::HungTaskDetector,
                 Check::HungTaskWarnings,
@@ -840,6 +886,26 @@ mod tests {
         let mut facts = healthy();
         facts.sysctls.ptrace_scope = SysctlValue::Value(3);
         assert_eq!(failed(&facts), [(Check::Ptrace, Severity::Blind)]);
+    }
+
+    #[test]
+    fn inside_a_container_without_cap_sys_ptrace_says_what_to_grant() {
+        let mut facts = healthy();
+        facts.pid_namespace_depth = Some(2);
+        facts.capabilities = Some(Capabilities::from_effective(ROOT_CAPS & !(1 << 19)));
+        let findings = diagnose(&facts);
+        let c = get(&findings, Check::Container);
+        assert!(!c.ok && c.what.contains("inside a container"), "{}", c.what);
+        let fix = c.fix.as_deref().unwrap_or_default();
+        assert!(
+            fix.contains("hostPID") && fix.contains("SYS_PTRACE"),
+            "{fix}"
+        );
+        assert!(startup_warnings(&findings)
+            .iter()
+            .all(|f| f.check != Check::Container));
+        facts.capabilities = Some(Capabilities::from_effective(ROOT_CAPS));
+        assert!(get(&diagnose(&facts), Check::Container).ok);
     }
 
     #[test]
@@ -1101,6 +1167,7 @@ mod tests {
     #[test]
     fn unknown_facts_are_advice_never_startup_warnings() {
         let facts = HostFacts {
+            pid_namespace_depth: None,
             euid: None,
             capabilities: None,
             sysctls: Sysctls {

@@ -154,6 +154,10 @@ pub struct HostFacts {
     /// Effective uid; `None` when `/proc/self/status` could not be read.
     pub euid: Option<u32>,
     pub capabilities: Option<Capabilities>,
+    /// How many pid namespaces deep hangwatch runs (`NSpid` entries): 1 on the node itself, more in a container;
+    /// `None` when unknown.
+    #[serde(default)]
+    pub pid_namespace_depth: Option<usize>,
     pub sysctls: Sysctls,
     /// Whether `/dev/kmsg` (the live kernel log) opens for reading.
     pub kmsg: Access,
@@ -296,6 +300,7 @@ impl HostFacts {
         HostFacts {
             euid,
             capabilities,
+            pid_namespace_depth: status.as_ref().map(|s| s.ns_pids.len()).filter(|n| *n > 0),
             sysctls,
             kmsg,
             env,
