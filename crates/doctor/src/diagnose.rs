@@ -245,8 +245,7 @@ fn container(facts: &HostFacts) -> Option<Finding> {
     const WHY: &str = "ranks in containers have their own pids and mounts: hangwatch names their files, mounts and \
                        filesystems through /proc/PID/root and /proc/PID/mountinfo, which it can read only for \
                        processes it can see and may trace";
-    let depth = facts.pid_namespace_depth?;
-    if depth <= 1 {
+    if !facts.in_container? {
         return Some(Finding::pass(
             Check::Container,
             Severity::Advice,
@@ -774,7 +773,7 @@ mod tests {
         HostFacts {
             euid: Some(0),
             capabilities: Some(Capabilities::from_effective(ROOT_CAPS)),
-            pid_namespace_depth: Some(1),
+            in_container: Some(false),
             sysctls: Sysctls {
                 ptrace_scope: SysctlValue::Value(1),
                 dmesg_restrict: SysctlValue::Value(0),
@@ -891,7 +890,7 @@ mod tests {
     #[test]
     fn inside_a_container_without_cap_sys_ptrace_says_what_to_grant() {
         let mut facts = healthy();
-        facts.pid_namespace_depth = Some(2);
+        facts.in_container = Some(true);
         facts.capabilities = Some(Capabilities::from_effective(ROOT_CAPS & !(1 << 19)));
         let findings = diagnose(&facts);
         let c = get(&findings, Check::Container);
@@ -1167,7 +1166,7 @@ mod tests {
     #[test]
     fn unknown_facts_are_advice_never_startup_warnings() {
         let facts = HostFacts {
-            pid_namespace_depth: None,
+            in_container: None,
             euid: None,
             capabilities: None,
             sysctls: Sysctls {

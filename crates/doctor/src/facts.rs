@@ -154,10 +154,9 @@ pub struct HostFacts {
     /// Effective uid; `None` when `/proc/self/status` could not be read.
     pub euid: Option<u32>,
     pub capabilities: Option<Capabilities>,
-    /// How many pid namespaces deep hangwatch runs (`NSpid` entries): 1 on the node itself, more in a container;
-    /// `None` when unknown.
+    /// Whether hangwatch runs in a pid namespace other than the node's (a container); `None` when unknown.
     #[serde(default)]
-    pub pid_namespace_depth: Option<usize>,
+    pub in_container: Option<bool>,
     pub sysctls: Sysctls,
     /// Whether `/dev/kmsg` (the live kernel log) opens for reading.
     pub kmsg: Access,
@@ -300,7 +299,9 @@ impl HostFacts {
         HostFacts {
             euid,
             capabilities,
-            pid_namespace_depth: status.as_ref().map(|s| s.ns_pids.len()).filter(|n| *n > 0),
+            in_container: std::fs::read_link(self_dir.join("ns").join("pid"))
+                .ok()
+                .map(|link| !hangwatch_proc::is_initial_pid_namespace(&link.to_string_lossy())),
             sysctls,
             kmsg,
             env,

@@ -143,15 +143,15 @@ fn visible_mount<'a>(table: &'a MountTable, mount_point: &str) -> Option<&'a Mou
         .find(|m| m.mount_point == mount_point)
 }
 
-/// Whose pids hangwatch sees: the node's when it runs in the initial pid namespace (its `NSpid` has one entry),
-/// a container's otherwise. `None` when its own status cannot be read.
+/// Whose pids hangwatch sees: the node's when it runs in the initial pid namespace, a container's otherwise.
+/// `None` when its own namespace cannot be read.
 pub fn own_pid_view(procfs: &ProcFs) -> Option<PidView> {
-    let status = procfs.status(std::process::id() as i32).ok()?;
-    match status.ns_pids.len() {
-        0 => None,
-        1 => Some(PidView::Host),
-        _ => Some(PidView::Container),
-    }
+    let link = procfs.pid_namespace(std::process::id() as i32).ok()?;
+    Some(if hangwatch_proc::is_initial_pid_namespace(&link) {
+        PidView::Host
+    } else {
+        PidView::Container
+    })
 }
 
 /// Whether two targets probe the same filesystem (one probe is enough).

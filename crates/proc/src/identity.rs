@@ -53,6 +53,16 @@ pub fn filesystem_id(
     }
 }
 
+/// The kernel's inode number of the initial pid namespace (`PROC_PID_INIT_INO`, fixed since Linux 3.8): a process
+/// whose `/proc/PID/ns/pid` names another runs in a container. (`NSpid` cannot tell from inside: a container's
+/// own /proc shows only its namespace's pids.)
+pub const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";
+
+/// Whether `link` (`readlink /proc/PID/ns/pid`) is the node's own pid namespace.
+pub fn is_initial_pid_namespace(link: &str) -> bool {
+    link.trim() == INITIAL_PID_NAMESPACE
+}
+
 /// A filesystem served over the network whose mount source names it on every node (`server:/export`, a GPFS or
 /// Lustre filesystem's name). FUSE is not one: its source is whatever the daemon chose.
 pub fn is_network_fstype(fstype: &str) -> bool {

@@ -33,7 +33,9 @@ pub use cmdline::{is_multiprocessing_spawn, parse_cmdline};
 pub use environ::{parse_environ, Environ, RankEnv, LAUNCHER_VARIABLES};
 pub use error::{ParseError, ReadError};
 pub use fdinfo::{parse_fdinfo, FdInfo};
-pub use identity::{filesystem_id, is_network_fstype};
+pub use identity::{
+    filesystem_id, is_initial_pid_namespace, is_network_fstype, INITIAL_PID_NAMESPACE,
+};
 pub use io::{parse_io, IoCounters};
 pub use kernel::{parse_stack, parse_wchan};
 pub use maps::{mapped_files, parse_maps, Mapping, MAX_MAPPED_FILES};

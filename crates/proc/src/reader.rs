@@ -137,6 +137,11 @@ impl ProcFs {
         self.link(pid, self.pid_dir(pid).join("ns").join("mnt"))
     }
 
+    /// The process's pid namespace (`readlink /proc/PID/ns/pid`, `pid:[4026531836]`).
+    pub fn pid_namespace(&self, pid: i32) -> Result<String, ReadError> {
+        self.link(pid, self.pid_dir(pid).join("ns").join("pid"))
+    }
+
     /// The process's mount table (its own mount namespace).
     pub fn mountinfo(&self, pid: i32) -> Result<MountTable, ReadError> {
         self.parse(
