@@ -8,11 +8,11 @@
 mod common;
 
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use hangwatch_testkit::{is_dead, python, require, wait_until, LoopExt4, TestkitError};
+use hangwatch_testkit::{is_dead, python, require, wait_until, LoopExt4};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use serde_json::Value;
 
@@ -265,13 +265,10 @@ impl Drop for DaemonGuard {
 
 #[test]
 fn a_fuse_mount_that_only_the_ranks_namespace_has_is_named_when_its_daemon_stops() {
-    if !Path::new("/usr/bin/bindfs").exists() {
-        let missing: hangwatch_testkit::Result<()> = Err(TestkitError::Missing {
-            tool: "bindfs".into(),
-            hint: "apt-get install bindfs (scripts/test does)",
-        });
-        require!(missing);
-    }
+    require!(installed(
+        "/usr/bin/bindfs",
+        "apt-get install bindfs (scripts/test does)"
+    ));
     let backing = tempfile::tempdir().expect("backing dir");
     let ctr = Untouched::new();
     let mount = s(ctr.path());
@@ -335,20 +332,16 @@ fn a_fuse_mount_that_only_the_ranks_namespace_has_is_named_when_its_daemon_stops
 
 #[test]
 fn ranks_in_a_bubblewrap_container_with_their_own_pids_are_named_with_both_pids() {
-    let bwrap = PathBuf::from("/usr/bin/bwrap");
-    if !bwrap.exists() {
-        let missing: hangwatch_testkit::Result<()> = Err(TestkitError::Missing {
-            tool: "bwrap".into(),
-            hint: "apt-get install bubblewrap (scripts/test does)",
-        });
-        require!(missing);
-    }
+    let bwrap = require!(installed(
+        "/usr/bin/bwrap",
+        "apt-get install bubblewrap (scripts/test does)"
+    ));
     let fs = require!(LoopExt4::new(64));
     let job_dir = fs.path().join("job");
     std::fs::create_dir(&job_dir).expect("job dir");
     let py = python().expect("python3");
     let job: Vec<String> = [
-        s(&bwrap),
+        s(bwrap),
         "--bind".into(),
         "/".into(),
         "/".into(),

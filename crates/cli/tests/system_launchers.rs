@@ -120,15 +120,10 @@ fn srun_style_tasks_with_slurm_procid_only_frozen_log_names_rank_0() {
 #[test]
 fn mpirun_tasks_frozen_log_names_rank_0() {
     let py = require!(torch_python());
-    let mpirun = Path::new("/usr/bin/mpirun");
-    if !mpirun.exists() {
-        let missing: hangwatch_testkit::Result<()> =
-            Err(hangwatch_testkit::TestkitError::Missing {
-                tool: "mpirun".into(),
-                hint: "apt-get install openmpi-bin (scripts/test does)",
-            });
-        require!(missing);
-    }
+    let mpirun = require!(installed(
+        "/usr/bin/mpirun",
+        "apt-get install openmpi-bin (scripts/test does)"
+    ));
     let fs = require!(LoopExt4::new(64));
     let log = fs.path().join("rank0.log");
     let log_s = log.to_string_lossy().into_owned();

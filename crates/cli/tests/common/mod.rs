@@ -469,3 +469,20 @@ pub fn start_logging_onto(
 pub fn hangwatch() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hangwatch"))
 }
+
+/// `program`, when installed; else the testkit's "missing tool" (a skip, or a failure in strict mode), with how to
+/// install it. Use as `let tool = require!(installed("/usr/bin/bwrap", "apt-get install bubblewrap"));`.
+pub fn installed(
+    program: &'static str,
+    install: &'static str,
+) -> hangwatch_testkit::Result<&'static Path> {
+    let path = Path::new(program);
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(hangwatch_testkit::TestkitError::Missing {
+            tool: program.into(),
+            hint: install,
+        })
+    }
+}
