@@ -376,7 +376,7 @@ fn run_command(command: &str, alert: &Alert, deadline: Duration) -> Attempt {
     let body = serde_json::to_vec(alert).unwrap_or_default();
     let stdin = input_from_bytes(c"hangwatch-alert", &body)
         .map_err(|e| (None, format!("cannot prepare the alert: {e}"), false))?;
-    let mut child = std::process::Command::new("sh");
+    let mut child = hangwatch_inspect::child::external_command("sh");
     child
         .arg("-c")
         .arg(command)

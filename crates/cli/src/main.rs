@@ -57,6 +57,10 @@ enum Command {
     /// roll call).
     #[command(name = "__read-maps", hide = true)]
     ReadMaps(commands::read_maps::Args),
+    /// Internal: exec an external program (scontrol, sbatch, an alert's shell) from a child hangwatch can abandon
+    /// if the exec itself blocks on a stopped filesystem.
+    #[command(name = "__exec", hide = true)]
+    Exec(commands::exec::Args),
     /// Internal: probe one path in a throwaway child (used by probe).
     #[command(name = "__probe-child", hide = true)]
     ProbeChild(commands::probe::ChildArgs),
@@ -83,6 +87,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     output::init_tracing(cli.verbose);
+    hangwatch_inspect::child::start_external_programs_through_hangwatch();
     if is_internal(&cli.command) {
         deaf_to_job_signals();
     }
@@ -99,6 +104,7 @@ fn main() -> ExitCode {
         Command::InspectChild(args) => commands::inspect_child::run(args),
         Command::ReadStrings(args) => commands::read_strings::run(args),
         Command::ReadMaps(args) => commands::read_maps::run(args),
+        Command::Exec(args) => commands::exec::run(args),
         Command::ProbeChild(args) => commands::probe::run_child(args),
         Command::LogWriter(args) => commands::log_writer::run(args),
         Command::JobReaper(args) => commands::job_children::run_reaper(args),
@@ -142,6 +148,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::InspectChild(_) => "__inspect-child",
         Command::ReadStrings(_) => "__read-strings",
         Command::ReadMaps(_) => "__read-maps",
+        Command::Exec(_) => "__exec",
         Command::ProbeChild(_) => "__probe-child",
         Command::LogWriter(_) => "__log-writer",
         Command::JobReaper(_) => "__job-reaper",

@@ -13,12 +13,11 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use hangwatch_agent::human::say;
 use hangwatch_diagnosis::requeue::{decide_requeue, AttemptRecord, RequeueDecision, RequeueInput};
-use hangwatch_inspect::child::{run_with_deadline, ChildOutcome};
+use hangwatch_inspect::child::{external_command, run_with_deadline, ChildOutcome};
 use hangwatch_model::{ActionRecord, Verdict};
 
 /// How long one Slurm command may take.
@@ -63,7 +62,7 @@ fn slurm(
     args: &[String],
     env: Option<&[(String, String)]>,
 ) -> Result<String, String> {
-    let mut command = Command::new(program);
+    let mut command = external_command(program);
     command.args(args);
     if let Some(env) = env {
         command.env_clear().envs(env.iter().map(|(k, v)| (k, v)));

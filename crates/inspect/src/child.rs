@@ -138,6 +138,33 @@ pub fn input_from_bytes(name: &std::ffi::CStr, bytes: &[u8]) -> std::io::Result<
     Ok(Stdio::from(memfd))
 }
 
+/// Set once by the hangwatch binary, which implements `hangwatch __exec`: see [`external_command`].
+static EXEC_THROUGH_HANGWATCH: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+
+/// Starts every [`external_command`] through `hangwatch __exec` from now on. Called by the hangwatch binary only
+/// (a library test's binary has no `__exec`).
+pub fn start_external_programs_through_hangwatch() {
+    let _ = EXEC_THROUGH_HANGWATCH.set(());
+}
+
+/// A command for an external program (`scontrol`, `sbatch`, `sh` for an alert command) that cannot hold
+/// hangwatch: `Command::spawn` returns only once the child has exec'd, and finding the program through a `PATH`
+/// whose first directory is on a stopped filesystem (the job's venv), or reading it from one (Slurm on NFS), never
+/// returns. So the child is hangwatch itself (`hangwatch __exec -- PROGRAM`, started from memory or
+/// `/proc/self/exe`, never through `PATH`), which then execs the program; a child stuck in that exec is abandoned at
+/// the caller's deadline like any other ([`run_with_deadline`]). Arguments, environment and standard streams set on
+/// the returned command reach the program unchanged.
+pub fn external_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    if EXEC_THROUGH_HANGWATCH.get().is_some() {
+        if let Ok(exe) = self_exe() {
+            let mut command = Command::new(exe);
+            command.arg("__exec").arg("--").arg(program);
+            return command;
+        }
+    }
+    Command::new(program)
+}
+
 /// Runs `command` with piped stdout/stderr (stdin closed) and gives up on it after `deadline`.
 ///
 /// Never blocks longer than `deadline` (plus scheduling noise): the pipes are polled, never read blockingly, and

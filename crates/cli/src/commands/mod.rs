@@ -4,6 +4,7 @@ pub mod coordinator;
 pub mod demo;
 pub mod doctor;
 pub mod dump;
+pub mod exec;
 pub mod history;
 pub mod inspect_child;
 pub mod job_children;
