@@ -87,11 +87,33 @@ fn writer(stream: Stream) -> Option<&'static Writer> {
 
 /// Queues `text` for stderr, adding a newline if it has none. Never blocks; `false` when it was dropped.
 pub fn say(text: impl Into<String>) -> bool {
-    let mut text = text.into();
+    let mut text = printable(text.into());
     if !text.ends_with('\n') {
         text.push('\n');
     }
     write(Stream::Stderr, text.into_bytes())
+}
+
+/// `text` with every control character but newline and tab written out (`\u{1b}`): hangwatch's messages quote
+/// what jobs chose (paths, file names, frames), and an escape sequence in one must not drive the reader's terminal
+/// (retitle it, hide lines, fake a prompt). The job's own output is relayed as it is; only hangwatch's words pass
+/// here.
+pub fn printable(text: String) -> String {
+    if !text
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Queues raw bytes for one of hangwatch's streams. Never blocks; `false` when they were dropped.
@@ -163,6 +185,23 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_escape_sequence_in_a_job_path_reaches_the_terminal_as_text() {
+        let path = "rank 0 in write() on /data/\u{1b}]0;pwned\u{7}\u{1b}[2Jlog.txt\tx\n";
+        let shown = printable(path.to_string());
+        assert!(
+            !shown.contains('\u{1b}') && !shown.contains('\u{7}'),
+            "{shown:?}"
+        );
+        assert!(shown.contains("\\u{1b}]0;pwned"), "{shown:?}");
+        assert!(
+            shown.ends_with("log.txt\tx\n"),
+            "newline and tab stay: {shown:?}"
+        );
+        assert_eq!(printable("plain".into()), "plain");
+    }
+
     use super::*;
 
     #[test]

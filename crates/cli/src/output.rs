@@ -16,6 +16,8 @@ pub fn init_tracing(verbose: u8) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(hangwatch_agent::human::LogWriter)
+        // Colors only for a person at a terminal: a log file or a Slurm output file gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }

@@ -1,7 +1,8 @@
 //! System tests of "exits that cannot hang": every external program hangwatch starts (`scontrol`, `sbatch`,
 //! `scancel`, an alert command's shell) is started through `hangwatch __exec`, so that finding it through a `PATH`
 //! whose first directory is on a stopped filesystem (the job's venv on a frozen GPFS, here a FUSE mount whose
-//! daemon is stopped) blocks only that child, which is abandoned at the deadline, never `run` itself.
+//! daemon is stopped) blocks only that child, which is abandoned at the deadline, never `run` itself. And what a job
+//! chose (a file name with an escape sequence) reaches the reader's terminal as text.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
-use hangwatch_testkit::{require, wait_with_deadline, FuseMount};
+use hangwatch_testkit::{require, wait_until, wait_with_deadline, FuseMount, LoopExt4};
 
 #[test]
 fn a_stopped_filesystem_first_in_path_cannot_hold_run_under_action_requeue() {
@@ -52,4 +53,49 @@ fn a_stopped_filesystem_first_in_path_cannot_hold_run_under_action_requeue() {
         stderr.contains("scontrol") || stderr.contains("previous attempt"),
         "says that Slurm could not be asked: {stderr}"
     );
+}
+
+#[test]
+fn an_escape_sequence_in_the_stuck_file_name_is_printed_as_text() {
+    let fs = require!(LoopExt4::new(64));
+    // Sets the terminal's title and clears the screen, if printed raw.
+    let log = fs.path().join("rank0-\u{1b}]0;owned\u{7}\u{1b}[2J.log");
+    let log_s = log.to_string_lossy().into_owned();
+    let py = hangwatch_testkit::python().expect("python3");
+    let mut run = HangwatchRun::start(
+        &["--stall-after", STALL_AFTER, "--nproc", "2"],
+        &rank_job(
+            py,
+            &["--step-time", "0.1", "--log", &log_s, "--only-rank", "0"],
+        ),
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= 20),
+        "rank 0 never logged:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    let frozen = require!(fs.freeze());
+    let done = run.finish(Duration::from_secs(60));
+    done.assert_code(75);
+    assert_eq!(
+        done.culprit(0)["path"],
+        log_s.as_str(),
+        "the JSON keeps the name exactly"
+    );
+    let said: Vec<&str> = done
+        .stderr
+        .lines()
+        .filter(|l| !l.starts_with("[rank"))
+        .collect();
+    assert!(
+        said.iter().any(|l| l.contains("\\u{1b}]0;owned")),
+        "the name is shown, escaped: {said:#?}"
+    );
+    assert!(
+        said.iter()
+            .all(|l| !l.contains('\u{1b}') && !l.contains('\u{7}')),
+        "no control character reaches the terminal: {said:#?}"
+    );
+    frozen.thaw().expect("thaw");
 }
