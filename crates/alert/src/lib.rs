@@ -160,6 +160,9 @@ impl Alerter {
         let http = ureq::Agent::config_builder()
             .timeout_global(Some(limits.attempt_timeout))
             .http_status_as_error(false)
+            // A redirect is not followed: it could take the alert (and the webhook's secret path) from https to
+            // http, or to a host nobody configured. The configured URL must be the final one.
+            .max_redirects(0)
             .user_agent(concat!("hangwatch/", env!("CARGO_PKG_VERSION")))
             .tls_config(tls.build())
             .build()
@@ -358,9 +361,14 @@ fn post(http: &ureq::Agent, url: &str, body: &[u8]) -> Attempt {
             if (200..300).contains(&status) {
                 Ok(status)
             } else {
+                let redirect = if (300..400).contains(&status) {
+                    " (a redirect, not followed: give the URL it points to)"
+                } else {
+                    ""
+                };
                 Err((
                     Some(status),
-                    format!("{} answered HTTP {status}", redact(url)),
+                    format!("{} answered HTTP {status}{redirect}", redact(url)),
                     retryable_status(status),
                 ))
             }
@@ -590,6 +598,62 @@ mod tests {
         assert_eq!(retry_delay(3), Duration::from_secs(2));
         assert_eq!(retry_delay(9), Duration::from_secs(8));
         assert!(retryable_status(503) && retryable_status(429) && !retryable_status(400));
+    }
+
+    /// A server on localhost that answers every request with `response`, counting connections.
+    fn answering(response: &'static str) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut stream = stream;
+                let mut buf = [0u8; 8192];
+                let _ = stream.read(&mut buf);
+                let _ = stream.write_all(response.as_bytes());
+            }
+        });
+        (url, seen)
+    }
+
+    #[test]
+    fn a_redirect_is_not_followed_and_says_so() {
+        let (elsewhere, followed) = answering("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+        let redirect: &'static str = Box::leak(
+            format!("HTTP/1.1 302 Found\r\nLocation: {elsewhere}\r\nContent-Length: 0\r\n\r\n")
+                .into_boxed_str(),
+        );
+        let (url, _) = answering(redirect);
+        let verdict: hangwatch_model::Verdict =
+            serde_json::from_str(include_str!("../tests/fixtures/blocked-verdict.json")).unwrap();
+        let alerter = Alerter::new(
+            Targets {
+                webhook: Some(url),
+                ..Targets::default()
+            },
+            Limits::default(),
+        )
+        .unwrap();
+        alerter.send(&Alert::new(Stage::Suspected, &verdict, 0.0));
+        alerter.wait(Duration::from_secs(20));
+        let d = &alerter.deliveries()[0];
+        assert!(!d.ok, "{d:?}");
+        assert_eq!(d.status, Some(302));
+        assert!(
+            d.error
+                .as_deref()
+                .unwrap_or_default()
+                .contains("redirect, not followed"),
+            "{d:?}"
+        );
+        assert_eq!(
+            followed.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "nothing went where it pointed"
+        );
     }
 
     #[test]
