@@ -94,6 +94,40 @@ pub enum Liveness {
     },
 }
 
+/// The longest node name accepted: a DNS name's limit.
+pub const MAX_NODE_NAME: usize = 253;
+
+/// A node name is a hostname's characters (`[A-Za-z0-9._-]`, at most [`MAX_NODE_NAME`]): it is printed in
+/// verdicts, alerts and Slurm hostlists (`--exclude`, drains), where a comma, a bracket or a space would name other
+/// nodes than the one that registered.
+pub fn check_node_name(node: &str) -> Result<(), Refusal> {
+    if node.is_empty() {
+        return Err(Refusal::new(
+            RefusalKind::BadRequest,
+            "registration without a node name: the agent sends its hostname",
+        ));
+    }
+    let bad: Vec<char> = node
+        .chars()
+        .filter(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        .collect();
+    if !bad.is_empty() || node.len() > MAX_NODE_NAME {
+        let shown: String = node.chars().take(64).collect();
+        return Err(Refusal::new(
+            RefusalKind::BadRequest,
+            format!(
+                "node name {shown:?} is not a hostname: a node name has at most {MAX_NODE_NAME} letters, digits, '.', '_' or '-'{}; set the agent's node name (--node-name, or the hostname) to one",
+                if bad.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (it has {:?})", bad.iter().collect::<String>())
+                }
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The nodes of one job.
 #[derive(Debug)]
 pub struct Membership {
@@ -139,12 +173,7 @@ impl Membership {
                 ),
             ));
         }
-        if r.node.is_empty() {
-            return Err(Refusal::new(
-                RefusalKind::BadRequest,
-                "registration without a node name: the agent sends its hostname",
-            ));
-        }
+        check_node_name(&r.node)?;
         if let Some(job) = &self.job_id {
             if *job != r.job_id {
                 return Err(Refusal::new(
@@ -406,6 +435,29 @@ mod tests {
             r.message
         );
         assert_eq!(m.members().count(), 2, "refusals change nothing");
+    }
+
+    #[test]
+    fn a_node_name_that_is_not_a_hostname_is_refused_with_the_rule() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(None, None, SILENCE, 1);
+        for bad in ["n[1-8]", "n1,n7", "n 1", "n1\n", "n/1", "ñ1"] {
+            let r = refused(&mut m, reg(bad, 0), t0);
+            assert_eq!(r.kind, RefusalKind::BadRequest, "{bad:?}");
+            assert!(r.message.contains("is not a hostname"), "{}", r.message);
+            assert!(
+                r.message.contains("letters, digits, '.', '_' or '-'"),
+                "{}",
+                r.message
+            );
+        }
+        let r = refused(&mut m, reg(&"n".repeat(MAX_NODE_NAME + 1), 0), t0);
+        assert_eq!(r.kind, RefusalKind::BadRequest);
+        assert_eq!(m.members().count(), 0, "refusals change nothing");
+        for good in ["n1", "gpu-a100.rack_7.example.org", "N1"] {
+            let mut m = Membership::new(None, None, SILENCE, 1);
+            m.register(reg(good, 0), t0).expect(good);
+        }
     }
 
     #[test]

@@ -200,11 +200,16 @@ impl coordinator_server::Coordinator for Service {
             tracing::warn!(%node, roll_call = r.roll_call_id, error = %e, "unreadable roll-call answer");
             Refusal::new(RefusalKind::BadRequest, format!("node {node}: {e}")).to_status()
         })?;
-        // The session says which node this is; the payload's own name must not move ranks to another node.
-        if observations.node.as_deref() != Some(node.as_str()) {
+        // The session says which node this is; the payload's names (its own, each process's) must not move ranks
+        // to another node.
+        let forged = observations.node.as_deref() != Some(node.as_str())
+            || observations
+                .processes()
+                .any(|p| p.node.as_deref().is_some_and(|n| n != node));
+        if forged {
             tracing::warn!(%node, claimed = ?observations.node, "roll-call answer names another node; using the session's");
-            observations.node = Some(node.clone());
         }
+        observations.assign_node(&node);
         let accepted = answers.send((node, observations)).is_ok();
         Ok(Response::new(pb::RollCallAck { accepted }))
     }

@@ -1,0 +1,98 @@
+//! The coordinator trusts only what a node can know (docs/coordinator-protocol.md): a node speaks for its own
+//! processes only, node names are hostnames, sessions are not guessable, and a node that answers a roll call late
+//! while it still reports progress is slow, not unreachable.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fixtures::{node_name, stuck_node_claiming, waiting_node};
+use common::{config, register_request, token, Answer, FakeAgent, Server};
+use hangwatch_rpc::{with_deadline, Refusal, RefusalKind, REGISTER_DEADLINE};
+
+const PER_NODE: u32 = 4;
+const FAST: Duration = Duration::from_millis(100);
+
+async fn agents(server: &Server, n: u32, answer: impl Fn(u32) -> Answer) -> Vec<FakeAgent> {
+    let mut out = Vec::new();
+    for r in 0..n {
+        let client = server.client(Some(&token())).await;
+        out.push(
+            FakeAgent::join(
+                client,
+                register_request(&node_name(r), r, PER_NODE),
+                FAST,
+                answer(r),
+            )
+            .await,
+        );
+    }
+    out
+}
+
+#[tokio::test]
+async fn an_answer_that_places_its_stuck_rank_on_another_node_blames_the_sender() {
+    let server = Server::start(config()).await;
+    // n3 is the one with a rank in D, but says that rank (and itself) is on n1.
+    let _agents = agents(&server, 3, |r| match r {
+        2 => Answer::Now(stuck_node_claiming(r, PER_NODE, "n1")),
+        _ => Answer::Now(waiting_node(r, PER_NODE)),
+    })
+    .await;
+    let outcome = server.coordinator.roll_call(Duration::from_secs(20)).await;
+    assert_eq!(outcome.answered, vec!["n1", "n2", "n3"]);
+    let v = &outcome.verdict;
+    assert!(!v.culprits.is_empty(), "{}", v.summary);
+    for c in &v.culprits {
+        assert_eq!(c.node.as_deref(), Some("n3"), "{}", v.summary);
+    }
+    for r in &v.ranks {
+        let sender = r.rank.map(|rank| node_name(rank / PER_NODE));
+        assert_eq!(r.node, sender, "rank {:?}: {}", r.rank, v.summary);
+    }
+    assert!(
+        !v.summary.contains("n1,") && !v.summary.contains("node n1"),
+        "{}",
+        v.summary
+    );
+    let bad = hangwatch_diagnosis::requeue::bad_nodes(v);
+    assert!(
+        bad.iter().all(|n| n == "n3"),
+        "only the sender may be kept out: {bad:?}"
+    );
+    for o in &outcome.observations {
+        let node = o.node.as_deref();
+        assert!(o.processes().all(|p| p.node.as_deref() == node), "{node:?}");
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_node_name_that_is_not_a_hostname_is_refused_at_join_with_the_rule() {
+    let server = Server::start(config()).await;
+    let mut client = server.client(Some(&token())).await;
+    for bad in ["n[1-8]", "n1,n7", "n1 n7", ""] {
+        let status = client
+            .register(with_deadline(
+                register_request(bad, 0, PER_NODE),
+                REGISTER_DEADLINE,
+            ))
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{bad:?}");
+        let refusal = Refusal::from_status(&status).expect("a typed refusal");
+        assert_eq!(refusal.kind, RefusalKind::BadRequest);
+        if !bad.is_empty() {
+            assert!(
+                refusal
+                    .message
+                    .contains(&format!("node name {bad:?} is not a hostname"))
+                    && refusal.message.contains("letters, digits, '.', '_' or '-'"),
+                "{}",
+                refusal.message
+            );
+        }
+    }
+    assert!(server.coordinator.members().is_empty());
+    server.shutdown().await;
+}
