@@ -6,6 +6,8 @@
 //! The coordinator runs in a child process (this binary again) so that its CPU and memory are its own, not the
 //! fake agents'. Run with `cargo bench -p hangwatch-coordinator --bench coordinator`.
 
+// Shared with the component tests, which use more of it than the benchmark does.
+#[allow(dead_code)]
 #[path = "../tests/common/fixtures.rs"]
 mod fixtures;
 
