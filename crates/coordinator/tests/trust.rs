@@ -7,13 +7,14 @@ mod common;
 use std::time::Duration;
 
 use common::fixtures::{node_name, stuck_node_claiming, waiting_node};
-use common::{config, register_request, token, Answer, FakeAgent, Server};
+use common::{config, register_request, token, wait_for, Answer, FakeAgent, Server};
+use hangwatch_model::VerdictKind;
 use hangwatch_rpc::{with_deadline, Refusal, RefusalKind, REGISTER_DEADLINE};
 
 const PER_NODE: u32 = 4;
 const FAST: Duration = Duration::from_millis(100);
 
-async fn agents(server: &Server, n: u32, answer: impl Fn(u32) -> Answer) -> Vec<FakeAgent> {
+async fn agents_on(server: &Server, n: u32, answer: impl Fn(u32) -> Answer) -> Vec<FakeAgent> {
     let mut out = Vec::new();
     for r in 0..n {
         let client = server.client(Some(&token())).await;
@@ -34,7 +35,7 @@ async fn agents(server: &Server, n: u32, answer: impl Fn(u32) -> Answer) -> Vec<
 async fn an_answer_that_places_its_stuck_rank_on_another_node_blames_the_sender() {
     let server = Server::start(config()).await;
     // n3 is the one with a rank in D, but says that rank (and itself) is on n1.
-    let _agents = agents(&server, 3, |r| match r {
+    let _agents = agents_on(&server, 3, |r| match r {
         2 => Answer::Now(stuck_node_claiming(r, PER_NODE, "n1")),
         _ => Answer::Now(waiting_node(r, PER_NODE)),
     })
@@ -94,5 +95,71 @@ async fn a_node_name_that_is_not_a_hostname_is_refused_at_join_with_the_rule() {
         }
     }
     assert!(server.coordinator.members().is_empty());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_node_that_answers_late_but_still_reports_progress_is_late_not_unreachable_and_not_excluded(
+) {
+    let mut cfg = config();
+    cfg.silence = Duration::from_secs(2);
+    cfg.progress_interval = FAST;
+    let server = Server::start(cfg).await;
+    let deadline = Duration::from_secs(3);
+    // Every rank seen waits in the barrier (no rank stands out); n3 is loaded: its answer comes after the
+    // deadline while its progress reports keep coming; n4's agent hangs and falls silent.
+    let mut agents = agents_on(&server, 4, |r| match r {
+        2 => Answer::After(Duration::from_secs(5), waiting_node(r, PER_NODE)),
+        3 => Answer::Never,
+        _ => Answer::Now(waiting_node(r, PER_NODE)),
+    })
+    .await;
+    agents[3].fall_silent();
+    let outcome = server.coordinator.roll_call(deadline).await;
+    assert_eq!(outcome.not_answered, vec!["n3", "n4"]);
+    assert_eq!(outcome.answered_late, vec!["n3"]);
+    let v = &outcome.verdict;
+    assert_eq!(v.nodes_late, vec!["n3"], "{}", v.summary);
+    assert_eq!(v.nodes_not_seen, vec!["n4"], "{}", v.summary);
+    assert_eq!(v.kind, VerdictKind::NodeUnreachable, "n4 is: {}", v.summary);
+    assert!(v.summary.contains("node n3 answered late"), "{}", v.summary);
+    assert!(!v.summary.contains("n3 was not seen"), "{}", v.summary);
+    let bad = hangwatch_diagnosis::requeue::bad_nodes(v);
+    assert_eq!(bad, vec!["n4"], "the silent node, never the late one");
+
+    // Without the silent node, the late one alone makes no node_unreachable and nothing conclusive.
+    drop(agents.pop());
+    let server2 = Server::start({
+        let mut c = config();
+        c.silence = Duration::from_secs(2);
+        c.progress_interval = FAST;
+        c
+    })
+    .await;
+    let _three = agents_on(&server2, 3, |r| match r {
+        2 => Answer::After(Duration::from_secs(5), waiting_node(r, PER_NODE)),
+        _ => Answer::Now(waiting_node(r, PER_NODE)),
+    })
+    .await;
+    let outcome = server2.coordinator.roll_call(deadline).await;
+    let v = &outcome.verdict;
+    assert_ne!(v.kind, VerdictKind::NodeUnreachable, "{}", v.summary);
+    assert!(v.nodes_not_seen.is_empty(), "{}", v.summary);
+    assert_eq!(v.nodes_late, vec!["n3"], "{}", v.summary);
+    assert!(
+        !hangwatch_diagnosis::is_conclusive_for_job(v),
+        "{}",
+        v.summary
+    );
+    assert!(hangwatch_diagnosis::requeue::bad_nodes(v).is_empty());
+    assert!(
+        wait_for(Duration::from_secs(20), || server2
+            .coordinator
+            .unreachable_nodes()
+            .is_empty())
+        .await,
+        "n3 is never unreachable"
+    );
+    server2.shutdown().await;
     server.shutdown().await;
 }
