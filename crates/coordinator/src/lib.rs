@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hangwatch_diagnosis::{decide, is_conclusive_for_job, ActivityRule, DecideOptions, OnHang};
 use hangwatch_model::{NodeObservations, Verdict};
@@ -129,7 +129,7 @@ impl Round {
 
 /// An open order stream to one agent.
 struct Attached {
-    session_id: u64,
+    session_id: String,
     orders: mpsc::Sender<Result<pb::Order, tonic::Status>>,
 }
 
@@ -160,15 +160,8 @@ const ORDER_QUEUE: usize = 16;
 
 impl Coordinator {
     pub fn new(config: Config) -> Self {
-        let seed = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64);
-        let membership = Membership::new(
-            config.job_id.clone(),
-            config.expected_nodes,
-            config.silence,
-            seed,
-        );
+        let membership =
+            Membership::new(config.job_id.clone(), config.expected_nodes, config.silence);
         Self {
             shared: Arc::new(Shared {
                 config,

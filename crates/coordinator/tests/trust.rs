@@ -163,3 +163,34 @@ async fn a_node_that_answers_late_but_still_reports_progress_is_late_not_unreach
     server2.shutdown().await;
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn session_ids_are_128_random_bits_and_a_guessed_one_is_refused() {
+    let server = Server::start(config()).await;
+    let agents = agents_on(&server, 2, |_| Answer::Never).await;
+    let ids: Vec<&str> = agents.iter().map(|a| a.session_id.as_str()).collect();
+    for id in &ids {
+        assert_eq!(id.len(), 32, "{id}");
+        assert!(id.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+    }
+    assert_ne!(ids[0], ids[1]);
+    let mut client = server.client(Some(&token())).await;
+    for guess in ["1", "2", &"0".repeat(32)] {
+        let status = client
+            .report_roll_call(with_deadline(
+                hangwatch_rpc::pb::RollCallReport {
+                    session_id: guess.to_string(),
+                    roll_call_id: 1,
+                    observations_json: Vec::new(),
+                },
+                REGISTER_DEADLINE,
+            ))
+            .await
+            .expect_err("an unknown session is refused");
+        assert_eq!(
+            Refusal::from_status(&status).map(|r| r.kind),
+            Some(RefusalKind::UnknownSession)
+        );
+    }
+    server.shutdown().await;
+}
