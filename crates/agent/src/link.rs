@@ -40,7 +40,7 @@ pub struct LinkConfig {
 #[derive(Debug)]
 pub enum LinkEvent {
     /// Registered and attached; `rejoined`: not the first time (the coordinator restarted, or the link healed).
-    Joined { session_id: u64, rejoined: bool },
+    Joined { session_id: String, rejoined: bool },
     /// The coordinator went away (or the link broke): decide alone until it is back.
     Lost { why: String },
     /// The coordinator refused this node (another job, a duplicate node, a late join, another version).
@@ -259,7 +259,7 @@ impl LinkWorker {
         }
     }
 
-    fn report(&self, session_id: u64, force: bool) -> Option<pb::ProgressReport> {
+    fn report(&self, session_id: &str, force: bool) -> Option<pb::ProgressReport> {
         report(&self.shared, self.started, session_id, force)
     }
 
@@ -298,7 +298,7 @@ impl LinkWorker {
         };
         let session_id = reply.session_id;
         let (out_tx, out_rx) = mpsc::channel::<pb::ProgressReport>(8);
-        if let Some(first) = self.report(session_id, true) {
+        if let Some(first) = self.report(&session_id, true) {
             let _ = out_tx.try_send(first);
         }
         // The stream lives as long as the session, but opening it is bounded like any call: a coordinator that
@@ -326,9 +326,9 @@ impl LinkWorker {
                 }
             }
         };
-        tracing::info!(coordinator = %addr, session_id, rejoined = joined_before, "joined the coordinator");
+        tracing::info!(coordinator = %addr, %session_id, rejoined = joined_before, "joined the coordinator");
         self.tell(LinkEvent::Joined {
-            session_id,
+            session_id: session_id.clone(),
             rejoined: joined_before,
         });
         let shared = Arc::clone(&self.shared);
@@ -339,7 +339,7 @@ impl LinkWorker {
         loop {
             tokio::select! {
                 _ = ticker.tick() => {
-                    if let Some(report) = report(&shared, started, session_id, false) {
+                    if let Some(report) = report(&shared, started, &session_id, false) {
                         // A full queue means the coordinator is not reading: the next report carries the latest.
                         let _ = out_tx.try_send(report);
                     }
@@ -352,7 +352,7 @@ impl LinkWorker {
                 Some((roll_call_id, observations)) = self.answers.recv() => {
                     let mut client = client.clone();
                     let request = pb::RollCallReport {
-                        session_id,
+                        session_id: session_id.clone(),
                         roll_call_id,
                         observations_json: encode_observations(&observations),
                     };
@@ -366,7 +366,7 @@ impl LinkWorker {
                     });
                 }
                 _ = self.stop.wait_for(|s| *s) => {
-                    if let Some(goodbye) = report(&shared, started, session_id, true) {
+                    if let Some(goodbye) = report(&shared, started, &session_id, true) {
                         let _ = out_tx.try_send(goodbye);
                     }
                     drop(out_tx);
@@ -430,7 +430,7 @@ fn dispatch(events: &SyncSender<Event>, order: pb::Order) {
 fn report(
     shared: &Mutex<Shared>,
     started: Instant,
-    session_id: u64,
+    session_id: &str,
     force: bool,
 ) -> Option<pb::ProgressReport> {
     let mut shared = lock(shared);
@@ -439,7 +439,7 @@ fn report(
     if report.is_none() && force {
         // A goodbye or the first report goes out whatever the interval says.
         report = Some(pb::ProgressReport {
-            session_id,
+            session_id: session_id.to_string(),
             ..pb::ProgressReport::default()
         });
     }

@@ -1863,6 +1863,7 @@ impl InvestigationJob {
             &DecideOptions {
                 stalled_for_s: Some(self.stalled_for_s),
                 expected_nodes: Vec::new(),
+                answered_late: Vec::new(),
             },
         );
         if self.trigger == Trigger::Recheck {
@@ -1912,6 +1913,7 @@ impl InvestigationJob {
             &DecideOptions {
                 stalled_for_s: None,
                 expected_nodes: Vec::new(),
+                answered_late: Vec::new(),
             },
         );
         say(crate::render::verdict_text(&verdict));

@@ -6,6 +6,8 @@
 //! The coordinator runs in a child process (this binary again) so that its CPU and memory are its own, not the
 //! fake agents'. Run with `cargo bench -p hangwatch-coordinator --bench coordinator`.
 
+// Shared with the component tests, which use more of it than the benchmark does.
+#[allow(dead_code)]
 #[path = "../tests/common/fixtures.rs"]
 mod fixtures;
 
@@ -182,7 +184,7 @@ fn agents(nodes: u32) {
         .collect();
     let report_bytes = payloads[1].len();
     let progress = pb::ProgressReport {
-        session_id: u64::MAX,
+        session_id: "f".repeat(32),
         ranks: (0..RANKS_PER_NODE)
             .map(|rank| pb::RankProgress {
                 rank,
@@ -245,8 +247,9 @@ async fn agent(addr: String, node_rank: u32, payload: Vec<u8>) {
     };
     let session_id = reply.into_inner().session_id;
     let (tx, rx) = tokio::sync::mpsc::channel(2);
+    let sid = session_id.clone();
     let report = move || pb::ProgressReport {
-        session_id,
+        session_id: sid.clone(),
         ranks: ranks
             .iter()
             .map(|&rank| pb::RankProgress {
@@ -274,7 +277,7 @@ async fn agent(addr: String, node_rank: u32, payload: Vec<u8>) {
     while let Some(Ok(o)) = orders.next().await {
         if let Some(order::Kind::RollCall(rc)) = o.kind {
             let msg = pb::RollCallReport {
-                session_id,
+                session_id: session_id.clone(),
                 roll_call_id: rc.roll_call_id,
                 observations_json: payload.clone(),
             };

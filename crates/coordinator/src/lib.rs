@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use hangwatch_diagnosis::{decide, is_conclusive_for_job, ActivityRule, DecideOptions, OnHang};
 use hangwatch_model::{NodeObservations, Verdict};
@@ -67,6 +67,9 @@ pub struct RollCallOutcome {
     pub answered: Vec<String>,
     /// The nodes ordered to answer that did not in time (or could not be ordered: no open session).
     pub not_answered: Vec<String>,
+    /// Those of `not_answered` still heard from when the roll call ended (their progress reports kept coming):
+    /// they answered late, loaded rather than unreachable (the verdict's `nodes_late`).
+    pub answered_late: Vec<String>,
     /// The observations that came back, in node-name order (for each node's evidence bundle).
     pub observations: Vec<NodeObservations>,
 }
@@ -82,6 +85,8 @@ struct Round {
     departed: Vec<NodeObservations>,
     expected: Vec<String>,
     not_answered: Vec<String>,
+    /// Nodes that did not answer in time but were still heard from at the deadline.
+    answered_late: Vec<String>,
 }
 
 impl Round {
@@ -100,6 +105,7 @@ impl Round {
             &DecideOptions {
                 stalled_for_s: stalled_for.map(|d| d.as_secs_f64()),
                 expected_nodes: self.expected.clone(),
+                answered_late: self.answered_late.clone(),
             },
         );
         self.observations.truncate(answered);
@@ -123,7 +129,7 @@ impl Round {
 
 /// An open order stream to one agent.
 struct Attached {
-    session_id: u64,
+    session_id: String,
     orders: mpsc::Sender<Result<pb::Order, tonic::Status>>,
 }
 
@@ -154,15 +160,8 @@ const ORDER_QUEUE: usize = 16;
 
 impl Coordinator {
     pub fn new(config: Config) -> Self {
-        let seed = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64);
-        let membership = Membership::new(
-            config.job_id.clone(),
-            config.expected_nodes,
-            config.silence,
-            seed,
-        );
+        let membership =
+            Membership::new(config.job_id.clone(), config.expected_nodes, config.silence);
         Self {
             shared: Arc::new(Shared {
                 config,
@@ -258,6 +257,7 @@ impl Coordinator {
             verdict,
             answered,
             not_answered: round.not_answered,
+            answered_late: round.answered_late,
             observations: round.observations,
         }
     }
@@ -321,14 +321,25 @@ impl Coordinator {
                 Ok(None) | Err(_) => break,
             }
         }
-        self.state().roll_calls.remove(&id);
         let not_answered: Vec<String> = expected
             .iter()
             .filter(|n| !observations.contains_key(*n))
             .cloned()
             .collect();
+        // A node whose progress still arrives is loaded, not lost: its silence, not a missed deadline, is what
+        // makes a node unreachable.
+        let answered_late: Vec<String> = {
+            let mut st = self.state();
+            st.roll_calls.remove(&id);
+            let unreachable = st.membership.unreachable(now());
+            not_answered
+                .iter()
+                .filter(|n| !unreachable.contains(n))
+                .cloned()
+                .collect()
+        };
         if !not_answered.is_empty() {
-            tracing::warn!(roll_call = id, nodes = ?not_answered, "nodes did not answer the roll call in time");
+            tracing::warn!(roll_call = id, nodes = ?not_answered, late = ?answered_late, "nodes did not answer the roll call in time");
         }
         Round {
             // Moved, not cloned: at 1,250 nodes the observations are over 100 MiB.
@@ -336,6 +347,7 @@ impl Coordinator {
             departed,
             expected,
             not_answered,
+            answered_late,
         }
     }
 

@@ -32,7 +32,7 @@ pub struct Member {
     pub node: String,
     pub node_rank: u32,
     pub ranks: Vec<u32>,
-    pub session_id: u64,
+    pub session_id: String,
     pub registered_at: Instant,
     pub last_heard: Instant,
     pub progress: Vec<RankProgress>,
@@ -94,6 +94,49 @@ pub enum Liveness {
     },
 }
 
+/// A new session id: 128 bits from the operating system's random source, as 32 lowercase hex digits. A session
+/// id names a registration in every later call; one that could be guessed (a counter, a clock) would let a peer
+/// that holds the job token speak for another node.
+pub fn new_session_id() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The longest node name accepted: a DNS name's limit.
+pub const MAX_NODE_NAME: usize = 253;
+
+/// A node name is a hostname's characters (`[A-Za-z0-9._-]`, at most [`MAX_NODE_NAME`]): it is printed in
+/// verdicts, alerts and Slurm hostlists (`--exclude`, drains), where a comma, a bracket or a space would name other
+/// nodes than the one that registered.
+pub fn check_node_name(node: &str) -> Result<(), Refusal> {
+    if node.is_empty() {
+        return Err(Refusal::new(
+            RefusalKind::BadRequest,
+            "registration without a node name: the agent sends its hostname",
+        ));
+    }
+    let bad: Vec<char> = node
+        .chars()
+        .filter(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        .collect();
+    if !bad.is_empty() || node.len() > MAX_NODE_NAME {
+        let shown: String = node.chars().take(64).collect();
+        return Err(Refusal::new(
+            RefusalKind::BadRequest,
+            format!(
+                "node name {shown:?} is not a hostname: a node name has at most {MAX_NODE_NAME} letters, digits, '.', '_' or '-'{}; set the agent's node name (--node-name, or the hostname) to one",
+                if bad.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (it has {:?})", bad.iter().collect::<String>())
+                }
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The nodes of one job.
 #[derive(Debug)]
 pub struct Membership {
@@ -101,25 +144,17 @@ pub struct Membership {
     expected_nodes: Option<usize>,
     silence: Duration,
     nodes: BTreeMap<String, Member>,
-    next_session: u64,
 }
 
 impl Membership {
     /// `job_id: None` takes the job of the first registration. `expected_nodes: Some(n)` closes the job once `n`
-    /// nodes have registered. `session_seed` makes session ids differ from one coordinator run to the next, so an
-    /// agent's session from before a restart is not mistaken for another node's.
-    pub fn new(
-        job_id: Option<String>,
-        expected_nodes: Option<usize>,
-        silence: Duration,
-        session_seed: u64,
-    ) -> Self {
+    /// nodes have registered.
+    pub fn new(job_id: Option<String>, expected_nodes: Option<usize>, silence: Duration) -> Self {
         Self {
             job_id,
             expected_nodes,
             silence,
             nodes: BTreeMap::new(),
-            next_session: session_seed.max(1),
         }
     }
 
@@ -127,9 +162,15 @@ impl Membership {
         self.job_id.as_deref()
     }
 
-    /// Admits a node and returns its new session id, or says why not. A node that registers again after it went
-    /// silent (an agent restart, a healed link) replaces its old session.
-    pub fn register(&mut self, r: Registration, now: Instant) -> Result<u64, Refusal> {
+    /// Admits a node under the new session id `session_id` (the caller draws it: [`new_session_id`]) and returns
+    /// it, or says why not. A node that registers again after it went silent (an agent restart, a healed link)
+    /// replaces its old session.
+    pub fn register(
+        &mut self,
+        r: Registration,
+        now: Instant,
+        session_id: String,
+    ) -> Result<String, Refusal> {
         if r.protocol_version != PROTOCOL_VERSION {
             return Err(Refusal::new(
                 RefusalKind::VersionMismatch,
@@ -139,12 +180,7 @@ impl Membership {
                 ),
             ));
         }
-        if r.node.is_empty() {
-            return Err(Refusal::new(
-                RefusalKind::BadRequest,
-                "registration without a node name: the agent sends its hostname",
-            ));
-        }
+        check_node_name(&r.node)?;
         if let Some(job) = &self.job_id {
             if *job != r.job_id {
                 return Err(Refusal::new(
@@ -197,15 +233,13 @@ impl Membership {
             }
         }
         self.job_id.get_or_insert_with(|| r.job_id.clone());
-        let session_id = self.next_session;
-        self.next_session = self.next_session.wrapping_add(1).max(1);
         self.nodes.insert(
             r.node.clone(),
             Member {
                 node: r.node,
                 node_rank: r.node_rank,
                 ranks: r.ranks,
-                session_id,
+                session_id: session_id.clone(),
                 registered_at: now,
                 last_heard: now,
                 progress: Vec::new(),
@@ -218,7 +252,7 @@ impl Membership {
     }
 
     /// The node of a current session.
-    pub fn node_of(&self, session_id: u64) -> Option<&Member> {
+    pub fn node_of(&self, session_id: &str) -> Option<&Member> {
         self.nodes.values().find(|m| m.session_id == session_id)
     }
 
@@ -226,7 +260,7 @@ impl Membership {
     /// `None` for a session that is not current (replaced, or from before a restart).
     pub fn heard(
         &mut self,
-        session_id: u64,
+        session_id: &str,
         now: Instant,
         report: Option<NodeReport>,
     ) -> Option<&str> {
@@ -314,6 +348,10 @@ mod tests {
 
     const SILENCE: Duration = Duration::from_secs(5);
 
+    fn sid() -> String {
+        new_session_id().expect("the OS gives random bytes")
+    }
+
     fn reg(node: &str, node_rank: u32) -> Registration {
         Registration {
             protocol_version: PROTOCOL_VERSION,
@@ -325,19 +363,19 @@ mod tests {
     }
 
     fn refused(m: &mut Membership, r: Registration, now: Instant) -> Refusal {
-        m.register(r, now).expect_err("refused")
+        m.register(r, now, sid()).expect_err("refused")
     }
 
     #[test]
     fn a_node_that_falls_silent_becomes_unreachable_after_the_silence_and_live_again_when_heard() {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        let mut m = Membership::new(None, None, SILENCE, 1);
-        let s1 = m.register(reg("n1", 0), t0).expect("n1");
-        let s2 = m.register(reg("n2", 1), t0).expect("n2");
+        let mut m = Membership::new(None, None, SILENCE);
+        let s1 = m.register(reg("n1", 0), t0, sid()).expect("n1");
+        let s2 = m.register(reg("n2", 1), t0, sid()).expect("n2");
         assert_ne!(s1, s2);
         for ms in (1000..=10_000).step_by(1000) {
-            m.heard(s1, at(ms), None).expect("current session");
+            m.heard(&s1, at(ms), None).expect("current session");
         }
         assert!(m.unreachable(at(4999)).is_empty());
         assert_eq!(m.unreachable(at(5000)), vec!["n2".to_string()]);
@@ -353,19 +391,19 @@ mod tests {
                 )
             ]
         );
-        assert_eq!(m.heard(s2, at(8000), None), Some("n2"));
+        assert_eq!(m.heard(&s2, at(8000), None), Some("n2"));
         assert!(m.unreachable(at(8000)).is_empty());
-        assert_eq!(m.heard(999, at(8000), None), None, "an unknown session");
+        assert_eq!(m.heard("999", at(8000), None), None, "an unknown session");
         // A late sign of life does not move the clock back.
-        m.heard(s1, at(9000), None);
+        m.heard(&s1, at(9000), None);
         assert!(m.unreachable(at(14_999)).iter().all(|n| n != "n1"));
     }
 
     #[test]
     fn duplicates_other_jobs_other_versions_and_late_joins_are_refused_with_what_to_do() {
         let t0 = Instant::now();
-        let mut m = Membership::new(Some("job-42".into()), Some(2), SILENCE, 1);
-        m.register(reg("n1", 0), t0).expect("n1");
+        let mut m = Membership::new(Some("job-42".into()), Some(2), SILENCE);
+        m.register(reg("n1", 0), t0, sid()).expect("n1");
 
         let r = refused(&mut m, reg("n1", 0), t0);
         assert_eq!(r.kind, RefusalKind::DuplicateNode);
@@ -397,7 +435,8 @@ mod tests {
             RefusalKind::BadRequest
         );
 
-        m.register(reg("n2", 1), t0).expect("n2 completes the job");
+        m.register(reg("n2", 1), t0, sid())
+            .expect("n2 completes the job");
         let r = refused(&mut m, reg("n3", 2), t0);
         assert_eq!(r.kind, RefusalKind::JobComplete);
         assert!(
@@ -409,17 +448,55 @@ mod tests {
     }
 
     #[test]
+    fn a_node_name_that_is_not_a_hostname_is_refused_with_the_rule() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(None, None, SILENCE);
+        for bad in ["n[1-8]", "n1,n7", "n 1", "n1\n", "n/1", "ñ1"] {
+            let r = refused(&mut m, reg(bad, 0), t0);
+            assert_eq!(r.kind, RefusalKind::BadRequest, "{bad:?}");
+            assert!(r.message.contains("is not a hostname"), "{}", r.message);
+            assert!(
+                r.message.contains("letters, digits, '.', '_' or '-'"),
+                "{}",
+                r.message
+            );
+        }
+        let r = refused(&mut m, reg(&"n".repeat(MAX_NODE_NAME + 1), 0), t0);
+        assert_eq!(r.kind, RefusalKind::BadRequest);
+        assert_eq!(m.members().count(), 0, "refusals change nothing");
+        for good in ["n1", "gpu-a100.rack_7.example.org", "N1"] {
+            let mut m = Membership::new(None, None, SILENCE);
+            m.register(reg(good, 0), t0, sid()).expect(good);
+        }
+    }
+
+    #[test]
+    fn session_ids_are_128_random_bits_in_hex() {
+        let ids: Vec<String> = (0..64).map(|_| sid()).collect();
+        for id in &ids {
+            assert_eq!(id.len(), 32, "{id}");
+            assert!(
+                id.chars()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()),
+                "{id}"
+            );
+        }
+        let distinct: std::collections::BTreeSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len(), "no two alike");
+    }
+
+    #[test]
     fn a_silent_node_may_register_again_and_replaces_its_old_session() {
         let t0 = Instant::now();
-        let mut m = Membership::new(None, Some(1), SILENCE, 1);
-        let old = m.register(reg("n1", 0), t0).expect("n1");
+        let mut m = Membership::new(None, Some(1), SILENCE);
+        let old = m.register(reg("n1", 0), t0, sid()).expect("n1");
         let later = t0 + SILENCE;
         let new = m
-            .register(reg("n1", 0), later)
+            .register(reg("n1", 0), later, sid())
             .expect("rejoin after silence");
         assert_ne!(old, new);
-        assert_eq!(m.heard(old, later, None), None, "the old session is gone");
-        assert_eq!(m.node_of(new).map(|n| n.node.as_str()), Some("n1"));
+        assert_eq!(m.heard(&old, later, None), None, "the old session is gone");
+        assert_eq!(m.node_of(&new).map(|n| n.node.as_str()), Some("n1"));
         assert_eq!(
             m.job_id(),
             Some("job-42"),

@@ -13,8 +13,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
-    now, Attached, Coordinator, NodeReport, NodeStall, RankExit, RankProgress, Registration,
-    StallTier, ORDER_QUEUE,
+    membership::new_session_id, now, Attached, Coordinator, NodeReport, NodeStall, RankExit,
+    RankProgress, Registration, StallTier, ORDER_QUEUE,
 };
 
 pub(crate) struct Service {
@@ -31,10 +31,11 @@ pub(crate) fn server(
     InterceptedService::new(server, check)
 }
 
-fn unknown_session(session_id: u64) -> Status {
+fn unknown_session(session_id: &str) -> Status {
+    let shown: String = session_id.chars().take(40).collect();
     Refusal::new(
         RefusalKind::UnknownSession,
-        format!("session {session_id} is not known to this coordinator (it restarted, or the node registered again): register again"),
+        format!("session {shown:?} is not known to this coordinator (it restarted, or the node registered again): register again"),
     )
     .to_status()
 }
@@ -60,9 +61,15 @@ impl coordinator_server::Coordinator for Service {
         };
         let node = registration.node.clone();
         let config = &self.coordinator.shared.config;
+        let session_id = new_session_id().map_err(|e| {
+            tracing::error!(%node, error = %e, "no random bytes for a session id");
+            Status::unavailable(format!(
+                "the coordinator could not draw a session id from the OS's random source: {e}"
+            ))
+        })?;
         let result = {
             let mut st = self.coordinator.state();
-            let result = st.membership.register(registration, now());
+            let result = st.membership.register(registration, now(), session_id);
             if result.is_ok() {
                 // A new session's order stream is opened by its own Attach.
                 st.attached.remove(&node);
@@ -71,7 +78,7 @@ impl coordinator_server::Coordinator for Service {
         };
         match result {
             Ok(session_id) => {
-                tracing::info!(%node, session_id, ?peer, "node registered");
+                tracing::info!(%node, ?peer, "node registered");
                 Ok(Response::new(pb::RegisterReply {
                     protocol_version: hangwatch_rpc::PROTOCOL_VERSION,
                     session_id,
@@ -116,25 +123,25 @@ impl coordinator_server::Coordinator for Service {
                 )))
             }
         };
-        let session_id = first.session_id;
+        let session_id = first.session_id.clone();
         let (tx, rx) = mpsc::channel(ORDER_QUEUE);
         let node = {
             let mut st = self.coordinator.state();
             let node = st
                 .membership
-                .heard(session_id, now(), Some(node_report(&first)))
-                .ok_or_else(|| unknown_session(session_id))?
+                .heard(&session_id, now(), Some(node_report(&first)))
+                .ok_or_else(|| unknown_session(&session_id))?
                 .to_string();
             st.attached.insert(
                 node.clone(),
                 Attached {
-                    session_id,
+                    session_id: session_id.clone(),
                     orders: tx,
                 },
             );
             node
         };
-        tracing::debug!(%node, session_id, "agent attached");
+        tracing::debug!(%node, "agent attached");
         let coordinator = self.coordinator.clone();
         let mut closing = coordinator.shared.closing.subscribe();
         tokio::spawn(async move {
@@ -149,18 +156,18 @@ impl coordinator_server::Coordinator for Service {
                         let mut st = coordinator.state();
                         if st
                             .membership
-                            .heard(session_id, now(), Some(node_report(&report)))
+                            .heard(&session_id, now(), Some(node_report(&report)))
                             .is_none()
                         {
                             break;
                         }
                     }
-                    Ok(report) => {
-                        tracing::warn!(%node, session_id, other = report.session_id, "progress for another session on this stream; closing it");
+                    Ok(_) => {
+                        tracing::warn!(%node, "progress for another session on this stream; closing it");
                         break;
                     }
                     Err(status) => {
-                        tracing::debug!(%node, session_id, %status, "progress stream failed");
+                        tracing::debug!(%node, %status, "progress stream failed");
                         break;
                     }
                 }
@@ -173,7 +180,7 @@ impl coordinator_server::Coordinator for Service {
             {
                 st.attached.remove(&node);
             }
-            tracing::info!(%node, session_id, "agent detached");
+            tracing::info!(%node, "agent detached");
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -187,8 +194,8 @@ impl coordinator_server::Coordinator for Service {
             let mut st = self.coordinator.state();
             let node = st
                 .membership
-                .heard(r.session_id, now(), None)
-                .ok_or_else(|| unknown_session(r.session_id))?
+                .heard(&r.session_id, now(), None)
+                .ok_or_else(|| unknown_session(&r.session_id))?
                 .to_string();
             (node, st.roll_calls.get(&r.roll_call_id).cloned())
         };
@@ -200,11 +207,16 @@ impl coordinator_server::Coordinator for Service {
             tracing::warn!(%node, roll_call = r.roll_call_id, error = %e, "unreadable roll-call answer");
             Refusal::new(RefusalKind::BadRequest, format!("node {node}: {e}")).to_status()
         })?;
-        // The session says which node this is; the payload's own name must not move ranks to another node.
-        if observations.node.as_deref() != Some(node.as_str()) {
+        // The session says which node this is; the payload's names (its own, each process's) must not move ranks
+        // to another node.
+        let forged = observations.node.as_deref() != Some(node.as_str())
+            || observations
+                .processes()
+                .any(|p| p.node.as_deref().is_some_and(|n| n != node));
+        if forged {
             tracing::warn!(%node, claimed = ?observations.node, "roll-call answer names another node; using the session's");
-            observations.node = Some(node.clone());
         }
+        observations.assign_node(&node);
         let accepted = answers.send((node, observations)).is_ok();
         Ok(Response::new(pb::RollCallAck { accepted }))
     }

@@ -265,8 +265,7 @@ async fn a_roll_call_across_three_agents_gives_one_verdict_naming_the_node_and_r
 }
 
 #[tokio::test]
-async fn an_agent_that_does_not_answer_in_time_is_named_as_not_seen_and_the_roll_call_still_returns(
-) {
+async fn an_agent_that_does_not_answer_in_time_is_named_as_late_and_the_roll_call_still_returns() {
     let server = Server::start(config()).await;
     let deadline = Duration::from_secs(2);
     let agents = agents(&server, 3, |r| match r {
@@ -287,8 +286,14 @@ async fn an_agent_that_does_not_answer_in_time_is_named_as_not_seen_and_the_roll
     );
     assert_eq!(outcome.answered, vec!["n1", "n2"]);
     assert_eq!(outcome.not_answered, vec!["n3"]);
+    assert_eq!(
+        outcome.answered_late,
+        vec!["n3"],
+        "n3 still reports progress"
+    );
     let v = &outcome.verdict;
-    assert_eq!(v.nodes_not_seen, vec!["n3"], "{}", v.summary);
+    assert_eq!(v.nodes_late, vec!["n3"], "{}", v.summary);
+    assert!(v.nodes_not_seen.is_empty(), "{}", v.summary);
     assert_eq!(
         v.culprits.first().and_then(|c| c.rank),
         Some(0),

@@ -199,6 +199,7 @@ fn main() {
         let options = DecideOptions {
             stalled_for_s: Some(30.0),
             expected_nodes: job.iter().filter_map(|n| n.node.clone()).collect(),
+            answered_late: Vec::new(),
         };
         let mut parse = Vec::new();
         let mut decided = Vec::new();

@@ -38,6 +38,10 @@ pub struct DecideOptions {
     pub stalled_for_s: Option<f64>,
     /// Every node of the job, when known: one whose observations are missing is named as not seen.
     pub expected_nodes: Vec<String>,
+    /// Expected nodes whose observations are missing but that were still heard from (their agents report
+    /// progress): they answered late, a loaded node rather than a lost one. Named in `nodes_late`, never as not
+    /// seen, so never `node_unreachable`.
+    pub answered_late: Vec<String>,
 }
 
 impl RollCallInput {
@@ -243,6 +247,7 @@ pub fn roll_call(input: &RollCallInput) -> Verdict {
         &DecideOptions {
             stalled_for_s: input.stalled_for_s,
             expected_nodes: Vec::new(),
+            answered_late: Vec::new(),
         },
     )
 }
@@ -251,17 +256,18 @@ pub fn roll_call(input: &RollCallInput) -> Verdict {
 /// and its node, and the nodes that were not seen.
 pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
     let seen: BTreeSet<&str> = nodes.iter().filter_map(|n| n.node.as_deref()).collect();
-    let nodes_not_seen: Vec<String> = options
+    let missing: BTreeSet<&String> = options
         .expected_nodes
         .iter()
         .filter(|n| !seen.contains(n.as_str()))
-        .cloned()
-        .collect::<BTreeSet<_>>()
-        .into_iter()
         .collect();
+    let (nodes_late, nodes_not_seen): (Vec<String>, Vec<String>) = missing
+        .into_iter()
+        .cloned()
+        .partition(|n| options.answered_late.contains(n));
     let ctx = Ctx {
         nodes,
-        multi: nodes.len() + nodes_not_seen.len() > 1,
+        multi: nodes.len() + nodes_not_seen.len() + nodes_late.len() > 1,
     };
     let entry = |node: usize, process| {
         let mut position = classify(process, nodes[node].window_ms);
@@ -512,7 +518,9 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
                 own_code: e.position.own_code.as_deref(),
             })
             .collect::<Vec<_>>(),
-        !nodes_not_seen.is_empty() || kind == VerdictKind::NodeUnreachable,
+        !nodes_not_seen.is_empty()
+            || !nodes_late.is_empty()
+            || kind == VerdictKind::NodeUnreachable,
     )
     // A worker stuck on a filesystem makes the verdict conclusive, whatever computes elsewhere.
     .filter(|_| kind != VerdictKind::BlockedInKernel);
@@ -528,6 +536,17 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
     );
     if let (Some(a), VerdictKind::Unknown) = (&activity, kind) {
         summary = format!("working in silence: {}", a.summary);
+    }
+    if !nodes_late.is_empty() {
+        let (noun, its) = if nodes_late.len() == 1 {
+            ("node", "its")
+        } else {
+            ("nodes", "their")
+        };
+        summary = format!(
+            "{summary}; {noun} {} answered late ({its} ranks are not in this verdict)",
+            nodes_late.join(", ")
+        );
     }
     let recommendations = recommend(
         kind,
@@ -545,6 +564,12 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
     for node in &nodes_not_seen {
         warnings.push(format!(
             "node {node} was not seen: its observations did not arrive, so its ranks are not in this verdict"
+        ));
+    }
+    for node in &nodes_late {
+        warnings.push(format!(
+            "node {node} answered late: its agent still reports progress but its observations missed the roll call's \
+             deadline (a loaded node, not an unreachable one), so its ranks are not in this verdict"
         ));
     }
     for n in nodes {
@@ -612,6 +637,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
                 .collect()
         },
         nodes_not_seen,
+        nodes_late,
         recurrence: None,
         activity,
         scope: None,

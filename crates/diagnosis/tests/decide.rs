@@ -157,6 +157,7 @@ fn one_verdict_names_the_node_and_rank_and_groups_the_waiters_across_nodes() {
         &DecideOptions {
             stalled_for_s: Some(12.0),
             expected_nodes: names(3),
+            answered_late: Vec::new(),
         },
     );
     assert_eq!(v.kind, VerdictKind::BlockedInKernel, "{}", v.summary);
@@ -243,6 +244,7 @@ fn a_node_whose_observations_are_missing_is_named_as_not_seen() {
         &DecideOptions {
             stalled_for_s: None,
             expected_nodes: names(3),
+            answered_late: Vec::new(),
         },
     );
     assert_eq!(v.kind, VerdictKind::NodeUnreachable, "{}", v.summary);
@@ -277,6 +279,7 @@ fn a_node_whose_observations_are_missing_is_named_as_not_seen() {
         &DecideOptions {
             stalled_for_s: None,
             expected_nodes: names(3),
+            answered_late: Vec::new(),
         },
     );
     assert_eq!(v.kind, VerdictKind::BlockedInKernel, "{}", v.summary);
@@ -286,6 +289,52 @@ fn a_node_whose_observations_are_missing_is_named_as_not_seen() {
         .warnings
         .iter()
         .any(|w| w.contains("node n2 was not seen")));
+}
+
+#[test]
+fn a_node_that_answered_late_but_still_reports_progress_is_late_not_unreachable_and_never_excluded()
+{
+    let mut seen = job(3, 4);
+    seen.pop();
+    let v = decide(
+        &seen,
+        &DecideOptions {
+            stalled_for_s: None,
+            expected_nodes: names(3),
+            answered_late: vec!["n3".to_string()],
+        },
+    );
+    assert_ne!(v.kind, VerdictKind::NodeUnreachable, "{}", v.summary);
+    assert!(v.nodes_not_seen.is_empty(), "{:?}", v.nodes_not_seen);
+    assert_eq!(v.nodes_late, vec!["n3".to_string()]);
+    assert!(v.summary.contains("node n3 answered late"), "{}", v.summary);
+    assert!(
+        v.warnings
+            .iter()
+            .any(|w| w.contains("node n3 answered late")),
+        "{:?}",
+        v.warnings
+    );
+    assert!(
+        !hangwatch_diagnosis::is_conclusive_for_job(&v),
+        "waits for the hard tier"
+    );
+    assert!(hangwatch_diagnosis::requeue::bad_nodes(&v).is_empty());
+
+    // With a culprit seen elsewhere, the late node is named beside it and still not excluded.
+    let mut seen = incident(3, 4);
+    seen.pop();
+    let v = decide(
+        &seen,
+        &DecideOptions {
+            stalled_for_s: None,
+            expected_nodes: names(3),
+            answered_late: vec!["n3".to_string()],
+        },
+    );
+    assert_eq!(v.kind, VerdictKind::BlockedInKernel, "{}", v.summary);
+    assert_eq!(v.nodes_late, vec!["n3".to_string()]);
+    assert!(!hangwatch_diagnosis::requeue::bad_nodes(&v).contains(&"n3".to_string()));
 }
 
 /// The culprit's JSON keeps SPEC's flat field names: the shared part is flattened, not nested.

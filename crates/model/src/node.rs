@@ -64,4 +64,14 @@ impl NodeObservations {
     pub fn processes(&self) -> impl Iterator<Item = &ProcessObservation> {
         self.ranks.iter().chain(&self.workers)
     }
+
+    /// Puts every observation on `node`: the node's own name and each process's. A receiver that knows which node
+    /// sent the observations (the coordinator, by the sender's session) calls this, so that a sender can only
+    /// speak of its own processes and never place a rank, a culprit, on another node.
+    pub fn assign_node(&mut self, node: &str) {
+        self.node = Some(node.to_string());
+        for p in self.ranks.iter_mut().chain(&mut self.workers) {
+            p.node = Some(node.to_string());
+        }
+    }
 }

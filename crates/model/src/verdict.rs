@@ -97,6 +97,10 @@ pub struct Verdict {
     /// Nodes of the job whose observations did not arrive: their ranks are not in this verdict.
     #[serde(default)]
     pub nodes_not_seen: Vec<String>,
+    /// Nodes of the job that still reported progress but whose observations missed the roll call's deadline:
+    /// loaded, not unreachable. Their ranks are not in this verdict; they are never `node_unreachable` for it.
+    #[serde(default)]
+    pub nodes_late: Vec<String>,
     /// This cause on this machine before, from the node's verdict history; `null` when not recorded (`dump`, or
     /// the history could not be written).
     #[serde(default)]
@@ -192,6 +196,7 @@ impl Verdict {
             warnings,
             ranks: _,
             nodes_not_seen,
+            nodes_late,
             recurrence,
             activity,
             scope,
@@ -213,6 +218,7 @@ impl Verdict {
             warnings: warnings.clone(),
             ranks: Vec::new(),
             nodes_not_seen: nodes_not_seen.clone(),
+            nodes_late: nodes_late.clone(),
             recurrence: recurrence.clone(),
             activity: activity.clone(),
             scope: *scope,
@@ -238,6 +244,7 @@ impl Verdict {
             warnings: Vec::new(),
             ranks: Vec::new(),
             nodes_not_seen: Vec::new(),
+            nodes_late: Vec::new(),
             recurrence: None,
             activity: None,
             scope: None,

@@ -21,7 +21,7 @@ pub mod pb {
 }
 
 /// The protocol both ends speak; bumped on a change that an older peer cannot read. Register refuses a mismatch.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The largest message either end decodes. A node's observations at 8 ranks with a few dozen threads each and
 /// Python stacks are a few hundred KiB; the job-wide verdict inside a terminate order grows with the job

@@ -41,7 +41,7 @@ impl ProgressCoalescer {
     /// Ages are measured from `now`; a rank that never made progress is as old as the agent's watch (`started`).
     pub fn due(
         &mut self,
-        session_id: u64,
+        session_id: &str,
         now: Instant,
         started: Instant,
     ) -> Option<ProgressReport> {
@@ -64,7 +64,7 @@ impl ProgressCoalescer {
             })
             .collect();
         Some(ProgressReport {
-            session_id,
+            session_id: session_id.to_string(),
             ranks,
             ..ProgressReport::default()
         })
@@ -84,15 +84,17 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
         let mut c = ProgressCoalescer::new(Duration::from_secs(1), [0, 1]);
-        let first = c.due(7, t0, t0).expect("the first report goes out at once");
-        assert_eq!(first.session_id, 7);
+        let first = c
+            .due("s7", t0, t0)
+            .expect("the first report goes out at once");
+        assert_eq!(first.session_id, "s7");
         assert_eq!(first.ranks.len(), 2);
         for ms in 0..100 {
             c.progress(0, Some(ms), at(ms * 5));
         }
         c.progress(0, None, at(600));
-        assert!(c.due(7, at(999), t0).is_none(), "within the interval");
-        let r = c.due(7, at(1000), t0).expect("one report per interval");
+        assert!(c.due("s7", at(999), t0).is_none(), "within the interval");
+        let r = c.due("s7", at(1000), t0).expect("one report per interval");
         assert_eq!(
             r.ranks,
             vec![
@@ -108,9 +110,9 @@ mod tests {
                 },
             ]
         );
-        assert!(c.due(7, at(1500), t0).is_none());
+        assert!(c.due("s7", at(1500), t0).is_none());
         let idle = c
-            .due(7, at(2000), t0)
+            .due("s7", at(2000), t0)
             .expect("sent even when nothing moved");
         assert_eq!(idle.ranks[0].last_progress_age_ms, 1400);
     }

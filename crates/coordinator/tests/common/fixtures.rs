@@ -98,13 +98,27 @@ fn rank(node: &str, rank: u32, local_rank: u32, stuck: bool) -> ProcessObservati
 /// Node `node_rank` (named `n{node_rank + 1}`) of the incident, `per_node` ranks each; global rank = node rank x
 /// per_node + local rank. Node 0 holds the stuck rank 0 and sees /gpfs not answering its probe.
 pub fn incident_node(node_rank: u32, per_node: u32) -> NodeObservations {
-    let name = node_name(node_rank);
-    let mut obs = NodeObservations::new(Some(name.clone()), WINDOW_MS);
+    node_as(node_rank, per_node, node_rank == 0, &node_name(node_rank))
+}
+
+/// Node `node_rank`'s ranks, every one of them in a barrier.
+pub fn waiting_node(node_rank: u32, per_node: u32) -> NodeObservations {
+    node_as(node_rank, per_node, false, &node_name(node_rank))
+}
+
+/// Node `node_rank`'s ranks with its first one stuck on /gpfs (as rank 0 of the incident), the observations and
+/// every process claiming to be on node `claimed`: what a forging agent sends.
+pub fn stuck_node_claiming(node_rank: u32, per_node: u32, claimed: &str) -> NodeObservations {
+    node_as(node_rank, per_node, true, claimed)
+}
+
+fn node_as(node_rank: u32, per_node: u32, stuck: bool, name: &str) -> NodeObservations {
+    let mut obs = NodeObservations::new(Some(name.to_string()), WINDOW_MS);
     obs.observed_at_unix_s = Some(1_700_000_000.0);
     obs.ranks = (0..per_node)
-        .map(|l| rank(&name, node_rank * per_node + l, l, node_rank == 0 && l == 0))
+        .map(|l| rank(name, node_rank * per_node + l, l, stuck && l == 0))
         .collect();
-    if node_rank == 0 {
+    if stuck {
         obs.probes.push(ProbeResult {
             filesystem: None,
             path: "/gpfs".into(),

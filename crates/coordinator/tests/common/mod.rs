@@ -114,7 +114,7 @@ pub enum Answer {
 /// calls as its [`Answer`] says.
 pub struct FakeAgent {
     pub node: String,
-    pub session_id: u64,
+    pub session_id: String,
     progress: Option<JoinHandle<()>>,
     orders: JoinHandle<()>,
     /// Orders received, in order.
@@ -142,8 +142,9 @@ impl FakeAgent {
             .into_inner();
         let session_id = reply.session_id;
         let (tx, rx) = mpsc::channel(4);
+        let sid = session_id.clone();
         let report = move || pb::ProgressReport {
-            session_id,
+            session_id: sid.clone(),
             ranks: ranks
                 .iter()
                 .map(|&rank| pb::RankProgress {
@@ -173,6 +174,7 @@ impl FakeAgent {
         let received = Arc::new(Mutex::new(Vec::new()));
         let acks = Arc::new(Mutex::new(Vec::new()));
         let (rec, ack) = (received.clone(), acks.clone());
+        let sid = session_id.clone();
         let orders = tokio::spawn(async move {
             while let Some(Ok(o)) = orders.next().await {
                 rec.lock().expect("lock").push(o.clone());
@@ -186,6 +188,7 @@ impl FakeAgent {
                 };
                 let mut client = client.clone();
                 let ack = ack.clone();
+                let session_id = sid.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
                     let r = client
