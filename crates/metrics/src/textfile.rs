@@ -65,8 +65,20 @@ pub fn write_textfile(dir: &Path, name: &str, text: &str) -> Result<PathBuf, Tex
     }
     let target = dir.join(format!("{name}.prom"));
     let temporary = dir.join(format!("{name}.prom.{}", std::process::id()));
+    // The directory is shared (node_exporter's), and hangwatch often runs as root: a name planted there (a
+    // symlink to /etc/shadow) must never be written through. A leftover is removed (unlinking a symlink removes
+    // the link), then the file is created new and not followed, and its mode set on the open file.
+    let _ = std::fs::remove_file(&temporary);
     let written = (|| {
-        let mut file = std::fs::File::create(&temporary)?;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&temporary)?;
+        // node_exporter runs as another user: readable by it whatever the umask.
+        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
         file.write_all(text.as_bytes())?;
         file.sync_all()
     })();
@@ -77,9 +89,6 @@ pub fn write_textfile(dir: &Path, name: &str, text: &str) -> Result<PathBuf, Tex
             source,
         });
     }
-    // node_exporter runs as another user: the file must be readable by it (the umask may say otherwise).
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(0o644));
     std::fs::rename(&temporary, &target).map_err(|source| {
         let _ = std::fs::remove_file(&temporary);
         TextfileError::Rename {
@@ -127,6 +136,35 @@ pub fn prune_textfiles(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_symlink_planted_in_the_directory_is_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        // Where this process's temporary file will be, and the target itself.
+        let planted = dir
+            .path()
+            .join(format!("hangwatch_1_n.prom.{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let written = write_textfile(dir.path(), "hangwatch_1_n", "a 1\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        assert_eq!(std::fs::read_to_string(&written).unwrap(), "a 1\n");
+        assert!(!std::fs::symlink_metadata(&written)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        // A symlink at the final name is replaced, not followed.
+        std::fs::remove_file(&written).unwrap();
+        std::os::unix::fs::symlink(&victim, &written).unwrap();
+        write_textfile(dir.path(), "hangwatch_1_n", "a 2\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+        assert_eq!(std::fs::read_to_string(&written).unwrap(), "a 2\n");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&written).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644, "readable by node_exporter");
+    }
+
     use super::*;
 
     #[test]
