@@ -529,16 +529,43 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
     Ok(outcome)
 }
 
-/// A fresh private (0700) directory for the heartbeat socket: under `$XDG_RUNTIME_DIR` (a per-user tmpfs) when
-/// there is one, else the system's temporary directory. Removed when dropped.
+/// A fresh private (0700) directory for the heartbeat socket and the beat slots: the first node-local one of
+/// `$XDG_RUNTIME_DIR` (a per-user tmpfs), `$TMPDIR`, `/dev/shm` and `/tmp`. Node-local by the mount table, before
+/// anything touches the path: with `TMPDIR` on Lustre scratch the loop, the exit and every rank's `beat()` would
+/// otherwise wait on the shared filesystem. Removed when dropped.
 fn runtime_dir() -> std::io::Result<tempfile::TempDir> {
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|p| p.is_dir())
-        .unwrap_or_else(std::env::temp_dir);
-    tempfile::Builder::new()
-        .prefix("hangwatch-")
-        .tempdir_in(base)
+    let table = ProcFs::new("/proc")
+        .mountinfo(std::process::id() as i32)
+        .ok();
+    let candidates: Vec<PathBuf> = [
+        std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+        Some(std::env::temp_dir()),
+        Some(PathBuf::from("/dev/shm")),
+        Some(PathBuf::from("/tmp")),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|p| p.is_absolute())
+    .collect();
+    let mut last = None;
+    for base in &candidates {
+        if let Some(t) = &table {
+            if !t.is_node_local(&base.to_string_lossy()) {
+                tracing::info!(dir = %base.display(), "not a node-local filesystem: the heartbeat socket goes elsewhere");
+                continue;
+            }
+        }
+        match tempfile::Builder::new()
+            .prefix("hangwatch-")
+            .tempdir_in(base)
+        {
+            Ok(dir) => return Ok(dir),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::other("no node-local directory for the heartbeat socket ($XDG_RUNTIME_DIR, $TMPDIR, /dev/shm, /tmp)")
+    }))
 }
 
 /// How long ranks seen computing without progress hold the hard tier back: until `--max-stall` (the detector's

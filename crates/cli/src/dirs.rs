@@ -143,9 +143,7 @@ pub fn node_local(path: &Path) -> bool {
         return true;
     };
     let probe = path.ancestors().find(|a| a.exists()).unwrap_or(path);
-    table
-        .containing(&probe.to_string_lossy())
-        .is_none_or(|m| !m.is_remote())
+    table.is_node_local(&probe.to_string_lossy())
 }
 
 /// The per-user report root (the first candidate that opens as a private directory) and a new directory

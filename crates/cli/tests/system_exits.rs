@@ -99,3 +99,32 @@ fn an_escape_sequence_in_the_stuck_file_name_is_printed_as_text() {
     );
     frozen.thaw().expect("thaw");
 }
+
+#[test]
+fn tmpdir_on_a_stopped_filesystem_cannot_hold_run() {
+    let backing = tempfile::tempdir().expect("backing dir");
+    let fuse = require!(FuseMount::new(backing.path()));
+    let report = tempfile::tempdir().expect("report dir");
+    let _stopped = require!(fuse.stop_daemon());
+    let mut child = hangwatch()
+        .env("TMPDIR", fuse.path())
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("HANGWATCH_STATE_DIR", report.path().join("state"))
+        .args(["run", "--report-dir"])
+        .arg(report.path())
+        .args(["--", "/bin/sh", "-c", "sleep 1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("hangwatch starts");
+    let status = wait_with_deadline(&mut child, Duration::from_secs(30));
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "the heartbeat socket goes to a node-local directory, not TMPDIR on the stopped mount"
+    );
+}

@@ -58,6 +58,12 @@ impl MountTable {
 }
 
 impl MountTable {
+    /// Whether `path` is on a node-local filesystem by this table alone (lexically: the path itself is never
+    /// touched, so a frozen mount cannot block the answer). A path no mount holds counts as local.
+    pub fn is_node_local(&self, path: &str) -> bool {
+        self.containing(path).is_none_or(|m| !m.is_remote())
+    }
+
     /// The mounts a writer could be waiting on when its wait names no file (a frozen superblock): writable
     /// (`rw` for the mount and the superblock), holding data (no kernel pseudo-filesystems), each mount point
     /// once (the visible one).
