@@ -20,9 +20,19 @@ const EXIT_WAIT: Duration = Duration::from_secs(10);
 pub struct AlertArgs {
     /// POST alerts to this URL (https:// or http://) as Slack/Mattermost-compatible JSON: `text` (the verdict in one
     /// line, and where the evidence is) and `hangwatch` (the alert with the verdict). Sent when a hang is
-    /// suspected and when hangwatch acted.
-    #[arg(long, value_name = "URL")]
+    /// suspected and when hangwatch acted. A webhook's path is its password: prefer --webhook-file or
+    /// HANGWATCH_WEBHOOK, which keep it out of `ps` and the shell history.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "HANGWATCH_WEBHOOK",
+        hide_env_values = true
+    )]
     webhook: Option<String>,
+    /// Read the webhook URL from this file (mode 600: refused when its group or others may read it); wins over
+    /// --webhook and HANGWATCH_WEBHOOK.
+    #[arg(long, value_name = "FILE")]
+    webhook_file: Option<std::path::PathBuf>,
     /// Send alerts to this Prometheus Alertmanager (its v2 API; e.g. http://alertmanager:9093), labelled
     /// alertname=HangwatchJobHang, job, node, kind, stage, severity.
     #[arg(long, value_name = "URL")]
@@ -42,9 +52,13 @@ pub struct AlertArgs {
 impl AlertArgs {
     /// The alerter, or a usage error naming the bad flag.
     pub fn alerter(&self) -> anyhow::Result<Alerter> {
+        let webhook = match &self.webhook_file {
+            Some(file) => Some(crate::secret::read_private_file(file, "webhook file")?),
+            None => self.webhook.clone(),
+        };
         Alerter::new(
             Targets {
-                webhook: self.webhook.clone(),
+                webhook,
                 alertmanager: self.alertmanager.clone(),
                 command: self.alert_command.clone(),
                 ca_file: self.alert_ca_file.clone(),

@@ -8,6 +8,7 @@ mod exit;
 mod fleet;
 mod output;
 mod requeue;
+mod secret;
 mod size;
 mod slurm;
 mod storage_wait;

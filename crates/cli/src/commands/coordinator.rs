@@ -3,7 +3,6 @@
 //! (`run --host-coordinator`). Refuses a token file that others can read.
 
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -66,26 +65,7 @@ const EXIT_HUNG: u8 = 75;
 
 /// Reads the token, refusing a file that its group or others may read (or write).
 pub fn read_token_file(path: &Path) -> anyhow::Result<JobToken> {
-    let meta = std::fs::metadata(path).map_err(|e| {
-        usage(format!(
-            "cannot read the token file {}: {e}",
-            path.display()
-        ))
-    })?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(usage(format!(
-            "the token file {} is accessible to its group or others (mode {mode:03o}): anyone who reads it can order the job's nodes; run `chmod 600 {}`",
-            path.display(),
-            path.display()
-        )));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        usage(format!(
-            "cannot read the token file {}: {e}",
-            path.display()
-        ))
-    })?;
+    let text = crate::secret::read_private_file(path, "token file")?;
     JobToken::new(&text).map_err(|e| usage(format!("token file {}: {e}", path.display())))
 }
 
