@@ -15,6 +15,13 @@ use crate::Exposition;
 /// A scrape connection is closed after this long, whatever it is doing: a client that stops reading must not keep
 /// a connection forever.
 const CONNECTION_DEADLINE: Duration = Duration::from_secs(30);
+/// A connection that has not sent a whole request after this long is closed: idle connections are how a stranger
+/// on the network (or a stuck scraper) would hold the agent's descriptors.
+const HEADER_DEADLINE: Duration = Duration::from_secs(5);
+/// At most this many connections are served at once; one more is accepted and closed at once (a scraper retries at
+/// its next interval), so that connections never take the descriptors the agent needs to read /proc and write
+/// evidence.
+pub const MAX_CONNECTIONS: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
@@ -131,6 +138,7 @@ fn serve(
                 return;
             }
         };
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         loop {
             let stream = tokio::select! {
                 _ = &mut stopped => break,
@@ -144,6 +152,10 @@ fn serve(
                     }
                 },
             };
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                drop(stream);
+                continue;
+            };
             let source = Arc::clone(&source);
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |request: Request<_>| {
@@ -151,8 +163,11 @@ fn serve(
                     async move { Ok::<_, Infallible>(response) }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_DEADLINE)
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
                 let _ = tokio::time::timeout(CONNECTION_DEADLINE, connection).await;
+                drop(slot);
             });
         }
     });
@@ -227,6 +242,45 @@ mod tests {
         assert!(get(addr, "/nope").starts_with("HTTP/1.1 404"));
         drop(server);
         assert!(std::net::TcpStream::connect(addr).is_err());
+    }
+
+    /// This process's open file descriptors.
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+    }
+
+    #[test]
+    fn two_thousand_idle_connections_hold_no_more_than_the_cap_and_a_scrape_is_still_answered() {
+        // The test's own end of 2,000 connections needs descriptors too.
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        if hard < 4500 {
+            eprintln!(
+                "SKIPPED: RLIMIT_NOFILE hard limit {hard} is below what 2,000 connections need"
+            );
+            return;
+        }
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+        let metrics = Arc::new(crate::AgentMetrics::new("1", "n"));
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), metrics).unwrap();
+        let addr = server.local_addr();
+        let before = open_fds();
+        let idle: Vec<std::net::TcpStream> = (0..2000)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        // Both ends live in this process: the client's 2,000, and the server's accepted ones (at most the cap, and a
+        // few of its runtime's own).
+        let held_by_server = open_fds().saturating_sub(before + idle.len());
+        assert!(
+            held_by_server <= MAX_CONNECTIONS + 8,
+            "the server holds {held_by_server} descriptors for idle connections"
+        );
+        // The idle ones are closed after the header deadline; then a scrape gets through.
+        std::thread::sleep(HEADER_DEADLINE + Duration::from_secs(1));
+        let reply = get(addr, "/metrics");
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        drop(idle);
     }
 
     #[test]
