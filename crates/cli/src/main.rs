@@ -89,6 +89,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     output::init_tracing(cli.verbose);
     hangwatch_inspect::child::start_external_programs_through_hangwatch();
+    if !is_internal(&cli.command) {
+        raise_open_file_limit();
+    }
     if is_internal(&cli.command) {
         deaf_to_job_signals();
     }
@@ -115,6 +118,26 @@ fn main() -> ExitCode {
         Command::WriteTextfile(args) => commands::metrics::run_textfile_writer(args),
     };
     exit::finish(result)
+}
+
+/// Most open files the soft limit is raised to.
+const OPEN_FILES_WANTED: u64 = 65_536;
+
+/// Raises the soft limit on open files towards the hard one (at most [`OPEN_FILES_WANTED`]): the roll call's
+/// /proc reads and children, probes, log pipes and connections all take descriptors, and the usual soft limit
+/// (1,024) is the first to run out on a node with many ranks. The job's ranks inherit the raised soft limit, as
+/// under a shell whose `ulimit -n` was raised (the hard limit is untouched).
+fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    let wanted = hard.min(OPEN_FILES_WANTED);
+    if soft < wanted {
+        if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, wanted, hard) {
+            tracing::debug!(error = %e, soft, hard, "cannot raise the open-file limit");
+        }
+    }
 }
 
 /// The children `run` starts for itself (never the job's).
