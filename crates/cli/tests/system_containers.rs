@@ -154,14 +154,7 @@ fn a_rank_in_its_own_mount_namespace_is_probed_there_and_named_as_the_node_knows
         &format!("{mount}/rank0.log"),
     );
     let mut run = HangwatchRun::start(&["--stall-after", STALL_AFTER, "--nproc", "4"], &job);
-    assert!(
-        wait_until(Duration::from_secs(30), POLL, || lines_in(
-            &job_dir.join("rank0.log")
-        ) >= 20),
-        "rank 0 never logged:\n{}",
-        run.stderr_text()
-    );
-    run.track_descendants();
+    wait_for_log(&mut run, &job_dir.join("rank0.log"), 20);
     let frozen = require!(fs.freeze());
     let done = run.finish(ENDED_WITHIN);
     names_the_frozen_filesystem(&done, &mount, &fs, &job_dir);
@@ -198,14 +191,7 @@ fn two_jobs_that_bind_one_frozen_filesystem_at_different_paths_name_one_filesyst
         dirs.push((ctr, job_dir));
     }
     for (run, (_, job_dir)) in runs.iter_mut().zip(&dirs) {
-        assert!(
-            wait_until(Duration::from_secs(30), POLL, || lines_in(
-                &job_dir.join("rank0.log")
-            ) >= 20),
-            "rank 0 never logged:\n{}",
-            run.stderr_text()
-        );
-        run.track_descendants();
+        wait_for_log(run, &job_dir.join("rank0.log"), 20);
     }
     let frozen = require!(fs.freeze());
     let done: Vec<Finished> = runs.iter_mut().map(|r| r.finish(ENDED_WITHIN)).collect();
@@ -282,12 +268,7 @@ fn a_fuse_mount_that_only_the_ranks_namespace_has_is_named_when_its_daemon_stops
     );
     let mut run = HangwatchRun::start(&["--stall-after", STALL_AFTER, "--nproc", "2"], &job);
     let log = backing.path().join("rank0.log");
-    assert!(
-        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= 20),
-        "rank 0 never logged through bindfs:\n{}",
-        run.stderr_text()
-    );
-    run.track_descendants();
+    wait_for_log(&mut run, &log, 20);
     let daemon = DaemonGuard(bindfs_serving(backing.path()));
     let pid = daemon.0.expect("the bindfs daemon");
     nix::sys::signal::kill(
@@ -366,14 +347,7 @@ fn ranks_in_a_bubblewrap_container_with_their_own_pids_are_named_with_both_pids(
     .into();
     let mut run = HangwatchRun::start(&["--stall-after", STALL_AFTER, "--nproc", "2"], &job);
     let printed = run.wait_for_ranks(2, Duration::from_secs(30));
-    assert!(
-        wait_until(Duration::from_secs(30), POLL, || lines_in(
-            &job_dir.join("rank0.log")
-        ) >= 20),
-        "rank 0 never logged:\n{}",
-        run.stderr_text()
-    );
-    run.track_descendants();
+    wait_for_log(&mut run, &job_dir.join("rank0.log"), 20);
     let frozen = require!(fs.freeze());
     let done = run.finish(ENDED_WITHIN);
     done.assert_code(75);

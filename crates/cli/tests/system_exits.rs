@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
-use hangwatch_testkit::{require, wait_until, wait_with_deadline, FuseMount, LoopExt4};
+use hangwatch_testkit::{require, wait_with_deadline, FuseMount, LoopExt4};
 
 #[test]
 fn a_stopped_filesystem_first_in_path_cannot_hold_run_under_action_requeue() {
@@ -69,12 +69,7 @@ fn an_escape_sequence_in_the_stuck_file_name_is_printed_as_text() {
             &["--step-time", "0.1", "--log", &log_s, "--only-rank", "0"],
         ),
     );
-    assert!(
-        wait_until(Duration::from_secs(30), POLL, || lines_in(&log) >= 20),
-        "rank 0 never logged:\n{}",
-        run.stderr_text()
-    );
-    run.track_descendants();
+    wait_for_log(&mut run, &log, 20);
     let frozen = require!(fs.freeze());
     let done = run.finish(Duration::from_secs(60));
     done.assert_code(75);

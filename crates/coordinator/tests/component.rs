@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fixtures::{incident_node, node_name};
+use common::fixtures::incident_node;
 use common::{config, register_request, token, wait_for, with_logs, Answer, FakeAgent, Server};
 use hangwatch_model::VerdictKind;
 use hangwatch_rpc::pb::order;
@@ -15,20 +15,7 @@ const PER_NODE: u32 = 4;
 const FAST: Duration = Duration::from_millis(100);
 
 async fn agents(server: &Server, n: u32, answer: impl Fn(u32) -> Answer) -> Vec<FakeAgent> {
-    let mut out = Vec::new();
-    for r in 0..n {
-        let client = server.client(Some(&token())).await;
-        out.push(
-            FakeAgent::join(
-                client,
-                register_request(&node_name(r), r, PER_NODE),
-                FAST,
-                answer(r),
-            )
-            .await,
-        );
-    }
-    out
+    common::join_agents(server, n, PER_NODE, FAST, answer).await
 }
 
 #[tokio::test]

@@ -15,20 +15,7 @@ const PER_NODE: u32 = 4;
 const FAST: Duration = Duration::from_millis(100);
 
 async fn agents_on(server: &Server, n: u32, answer: impl Fn(u32) -> Answer) -> Vec<FakeAgent> {
-    let mut out = Vec::new();
-    for r in 0..n {
-        let client = server.client(Some(&token())).await;
-        out.push(
-            FakeAgent::join(
-                client,
-                register_request(&node_name(r), r, PER_NODE),
-                FAST,
-                answer(r),
-            )
-            .await,
-        );
-    }
-    out
+    common::join_agents(server, n, PER_NODE, FAST, answer).await
 }
 
 #[tokio::test]

@@ -486,3 +486,15 @@ pub fn installed(
         })
     }
 }
+
+/// Waits (30 s at most) until `log` has `lines` lines, failing the test with hangwatch's stderr otherwise; then
+/// tracks the job's processes (so that they are ended whatever happens next).
+pub fn wait_for_log(run: &mut HangwatchRun, log: &Path, lines: usize) {
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || lines_in(log) >= lines),
+        "{} never reached {lines} lines:\n{}",
+        log.display(),
+        run.stderr_text()
+    );
+    run.track_descendants();
+}

@@ -275,3 +275,28 @@ impl std::io::Write for Writer {
         Ok(())
     }
 }
+
+/// `n` fake agents joined to `server`: node `r` has `per_node` ranks, reports progress every `poll`, and answers
+/// roll calls as `answer(r)`.
+pub async fn join_agents(
+    server: &Server,
+    n: u32,
+    per_node: u32,
+    poll: Duration,
+    answer: impl Fn(u32) -> Answer,
+) -> Vec<FakeAgent> {
+    let mut out = Vec::new();
+    for r in 0..n {
+        let client = server.client(Some(&token())).await;
+        out.push(
+            FakeAgent::join(
+                client,
+                register_request(&fixtures::node_name(r), r, per_node),
+                poll,
+                answer(r),
+            )
+            .await,
+        );
+    }
+    out
+}
