@@ -3,6 +3,7 @@
 //! their namespace. Reads only `/proc/PID/ns/mnt` (a link) and `/proc/PID/mountinfo`, which never block.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use hangwatch_diagnosis::MountToProbe;
 use hangwatch_model::{FileRef, PidView, ProcessObservation, SyscallObservation};
@@ -13,10 +14,10 @@ use crate::probe::{MountRef, ProbeTarget};
 /// The mount tables a roll call needs: hangwatch's own, and each observed process's when its namespace differs.
 #[derive(Debug, Default)]
 pub struct MountViews {
-    own: Option<MountTable>,
-    /// pid → (in another namespace, its table); a process whose namespace could not be read is taken as
-    /// hangwatch's (what it was before namespaces were looked at).
-    views: HashMap<i32, (bool, Option<MountTable>)>,
+    own: Option<Arc<MountTable>>,
+    /// pid → (in another namespace, its namespace's table, shared by its processes); a process whose namespace
+    /// could not be read is taken as hangwatch's (what it was before namespaces were looked at).
+    views: HashMap<i32, (bool, Option<Arc<MountTable>>)>,
 }
 
 impl MountViews {
@@ -24,8 +25,8 @@ impl MountViews {
     pub fn read(procfs: &ProcFs, observations: &[ProcessObservation]) -> Self {
         let own_pid = std::process::id() as i32;
         let own_ns = procfs.mount_namespace(own_pid).ok();
-        let own = procfs.mountinfo(own_pid).ok();
-        let mut by_ns: HashMap<String, Option<MountTable>> = HashMap::new();
+        let own = procfs.mountinfo(own_pid).ok().map(Arc::new);
+        let mut by_ns: HashMap<String, Option<Arc<MountTable>>> = HashMap::new();
         let mut views = HashMap::new();
         for o in observations.iter().filter(|o| !o.exited) {
             let Ok(ns) = procfs.mount_namespace(o.pid) else {
@@ -35,7 +36,7 @@ impl MountViews {
             let table = if other {
                 by_ns
                     .entry(ns)
-                    .or_insert_with(|| procfs.mountinfo(o.pid).ok())
+                    .or_insert_with(|| procfs.mountinfo(o.pid).ok().map(Arc::new))
                     .clone()
             } else {
                 own.clone()
@@ -58,11 +59,11 @@ impl MountViews {
                     file: Some(file), ..
                 }) = &mut t.syscall
                 {
-                    self.identify_file(file, table.as_ref(), *other);
+                    self.identify_file(file, table.as_deref(), *other);
                 }
             }
             for mapped in o.mapped_files.iter_mut().flat_map(|m| m.files.iter_mut()) {
-                self.identify_file(&mut mapped.file, table.as_ref(), *other);
+                self.identify_file(&mut mapped.file, table.as_deref(), *other);
             }
         }
     }
@@ -71,7 +72,7 @@ impl MountViews {
         let Some(mount) = file.mount.as_deref().and_then(|m| visible_mount(table?, m)) else {
             return;
         };
-        file.filesystem = Some(Box::new(filesystem_id(mount, self.own.as_ref(), other)));
+        file.filesystem = Some(Box::new(filesystem_id(mount, self.own.as_deref(), other)));
     }
 
     /// The probe target of a mount a stuck process uses, in that process's namespace.
@@ -129,7 +130,7 @@ impl MountViews {
                 fstype: m.fstype.clone(),
                 source: m.source.clone(),
             }),
-            filesystem: Some(filesystem_id(m, self.own.as_ref(), other)),
+            filesystem: Some(filesystem_id(m, self.own.as_deref(), other)),
         }
     }
 }
