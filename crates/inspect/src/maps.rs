@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::child::{run_with_deadline, ChildOutcome};
+use crate::child::{read_json_lines, text_or_error};
 
 /// What the child says about one process.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,28 +40,17 @@ pub fn read_maps(
     for pid in pids {
         cmd.arg("--pid").arg(pid.to_string());
     }
-    let (stdout, why_missing) = match run_with_deadline(cmd, deadline) {
-        Ok(ChildOutcome::Finished { stdout, status, .. }) => {
-            (stdout, format!("the map reader ended ({status}) before reading it"))
-        }
-        Ok(ChildOutcome::TimedOut { stdout, .. }) => (
-            stdout,
-            format!(
-                "reading /proc/PID/maps did not return within {:.1}s (its memory map is locked by the fault)",
-                deadline.as_secs_f64()
-            ),
+    let (read, why_missing) = read_json_lines::<MapsRead>(
+        cmd,
+        deadline,
+        "the map reader",
+        (
+            "reading /proc/PID/maps",
+            "its memory map is locked by the fault",
         ),
-        Err(e) => (Vec::new(), format!("cannot start the map reader: {e}")),
-    };
-    for line in String::from_utf8_lossy(&stdout).lines() {
-        if let Ok(r) = serde_json::from_str::<MapsRead>(line) {
-            let value = match (r.text, r.error) {
-                (Some(text), _) => Ok(text),
-                (None, Some(e)) => Err(e),
-                (None, None) => Err("nothing read".to_string()),
-            };
-            out.insert(r.pid, value);
-        }
+    );
+    for r in read {
+        out.insert(r.pid, text_or_error(r.text, r.error));
     }
     for pid in pids {
         out.entry(*pid).or_insert_with(|| Err(why_missing.clone()));

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::child::{run_with_deadline, ChildOutcome};
+use crate::child::{read_json_lines, text_or_error};
 
 /// The longest path read (`PATH_MAX`).
 pub const MAX_PATH: usize = 4096;
@@ -51,36 +51,23 @@ pub fn read_strings(
     for w in wanted {
         cmd.arg("--at").arg(format!("{}:{:#x}", w.pid, w.addr));
     }
-    let (stdout, why_missing) = match run_with_deadline(cmd, deadline) {
-        Ok(ChildOutcome::Finished { stdout, status, .. }) => (
-            stdout,
-            format!("the memory reader ended ({status}) before reading it"),
+    let (read, why_missing) = read_json_lines::<StringRead>(
+        cmd,
+        deadline,
+        "the memory reader",
+        (
+            "reading the rank's memory",
+            "its memory map is locked, e.g. by a page fault on a frozen mount",
         ),
-        Ok(ChildOutcome::TimedOut { stdout, .. }) => (
-            stdout,
-            format!(
-                "reading the rank's memory did not return within {:.1}s (its memory map is locked, e.g. by a page \
-                 fault on a frozen mount)",
-                deadline.as_secs_f64()
-            ),
-        ),
-        Err(e) => (Vec::new(), format!("cannot start the memory reader: {e}")),
-    };
-    for line in String::from_utf8_lossy(&stdout).lines() {
-        if let Ok(r) = serde_json::from_str::<StringRead>(line) {
-            let value = match (r.text, r.error) {
-                (Some(text), _) => Ok(text),
-                (None, Some(e)) => Err(e),
-                (None, None) => Err("nothing read".to_string()),
-            };
-            out.insert(
-                StringAt {
-                    pid: r.pid,
-                    addr: r.addr,
-                },
-                value,
-            );
-        }
+    );
+    for r in read {
+        out.insert(
+            StringAt {
+                pid: r.pid,
+                addr: r.addr,
+            },
+            text_or_error(r.text, r.error),
+        );
     }
     for w in wanted {
         out.entry(*w).or_insert_with(|| Err(why_missing.clone()));
