@@ -6,45 +6,16 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
 
 use common::*;
-use hangwatch_testkit::{python, require, wait_until, FuseMount};
+use hangwatch_testkit::{python, require, FuseMount};
 use serde_json::Value;
 
 /// Runs 2 ranks; rank 0 does `op` in `dir` (on `fuse`) every step; after 3 steps the daemon stops.
 fn stuck_on(py: &Path, fuse: &FuseMount, op: &str, dir: &Path) -> Finished {
-    let dir_s = dir.to_string_lossy().into_owned();
-    let mut run = HangwatchRun::start(
-        &["--nproc", "2", "--stall-after", STALL_AFTER, "--quiet"],
-        &rank_job(
-            py,
-            &[
-                "--step-time",
-                "0.1",
-                "--fs-op",
-                op,
-                "--fs-dir",
-                &dir_s,
-                "--only-rank",
-                "0",
-            ],
-        ),
-    );
-    let output = run.report_dir().join("output.log");
-    assert!(
-        wait_until(Duration::from_secs(30), POLL, || std::fs::read_to_string(
-            &output
-        )
-        .is_ok_and(|t| t.contains("step 3"))),
-        "rank 0 never did 3 steps of {op}:\n{}",
-        run.stderr_text()
-    );
-    run.track_descendants();
-    let stopped = fuse.stop_daemon().expect("stop the FUSE daemon");
-    let done = run.finish(STALL + Duration::from_secs(30));
-    drop(stopped);
-    done
+    rank_0_blocked_in(py, op, dir, || {
+        fuse.stop_daemon().expect("stop the FUSE daemon")
+    })
 }
 
 /// Sparse shards in the backing directory (never read through FUSE, so no page of them is cached).

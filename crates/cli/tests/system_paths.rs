@@ -7,47 +7,9 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
 
 use common::*;
-use hangwatch_testkit::{python, require, wait_until, FuseMount, LoopExt4};
-
-/// Runs 2 ranks; rank 0 does `op` in `dir` every step; `stop` makes `dir`'s filesystem stop answering and
-/// returns a guard that makes it answer again. Returns the finished run.
-fn blocked_in<G>(py: &Path, op: &str, dir: &Path, stop: impl FnOnce() -> G) -> Finished {
-    let dir_s = dir.to_string_lossy().into_owned();
-    let mut run = HangwatchRun::start(
-        &["--nproc", "2", "--stall-after", STALL_AFTER, "--quiet"],
-        &rank_job(
-            py,
-            &[
-                "--step-time",
-                "0.1",
-                "--fs-op",
-                op,
-                "--fs-dir",
-                &dir_s,
-                "--only-rank",
-                "0",
-            ],
-        ),
-    );
-    // The job's output (quiet on the console) is in the report directory's log.
-    let output = run.report_dir().join("output.log");
-    assert!(
-        wait_until(Duration::from_secs(30), POLL, || std::fs::read_to_string(
-            &output
-        )
-        .is_ok_and(|t| t.contains("step 3"))),
-        "rank 0 never did 3 steps of {op}:\n{}",
-        run.stderr_text()
-    );
-    run.track_descendants();
-    let guard = stop();
-    let done = run.finish(STALL + Duration::from_secs(30));
-    drop(guard);
-    done
-}
+use hangwatch_testkit::{python, require, FuseMount, LoopExt4};
 
 fn assert_names(done: &Finished, call: &str, dir: &Path, mount: &Path, fstype: &str) {
     done.assert_code(75);
@@ -81,7 +43,7 @@ fn on_frozen_ext4(op: &str, call: &str) {
     let fs = require!(LoopExt4::new(64));
     let dir = fs.path().join("ckpt");
     std::fs::create_dir_all(&dir).expect("checkpoint directory");
-    let done = blocked_in(py, op, &dir, || fs.freeze().expect("freeze"));
+    let done = rank_0_blocked_in(py, op, &dir, || fs.freeze().expect("freeze"));
     assert_names(&done, call, &dir, fs.path(), "ext4");
     assert_eq!(done.culprit(0)["state"], "D");
 }
@@ -107,7 +69,7 @@ fn on_stopped_fuse(op: &str, call: &str) {
     let fuse = require!(FuseMount::new(backing.path()));
     let dir = fuse.path().join("ckpt");
     std::fs::create_dir_all(&dir).expect("checkpoint directory");
-    let done = blocked_in(py, op, &dir, || {
+    let done = rank_0_blocked_in(py, op, &dir, || {
         fuse.stop_daemon().expect("stop the FUSE daemon")
     });
     assert_names(&done, call, &dir, fuse.path(), "fuse");
@@ -137,7 +99,7 @@ fn a_rank_blocked_in_a_page_fault_on_a_frozen_mapping_names_the_mapped_file_and_
     std::fs::create_dir_all(&dir).expect("data directory");
     // A store into a shared mapping of a file there: the page fault waits on the frozen superblock, in no system
     // call; the file is the one the rank maps on the mount that does not answer its probe (issue 25).
-    let done = blocked_in(py, "mmapwrite", &dir, || fs.freeze().expect("freeze"));
+    let done = rank_0_blocked_in(py, "mmapwrite", &dir, || fs.freeze().expect("freeze"));
     done.assert_code(75);
     let c = done.culprit(0);
     assert_eq!(c["state"], "D", "{}", done.describe());

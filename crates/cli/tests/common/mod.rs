@@ -498,3 +498,40 @@ pub fn wait_for_log(run: &mut HangwatchRun, log: &Path, lines: usize) {
     );
     run.track_descendants();
 }
+
+/// Runs 2 ranks; rank 0 does `op` in `dir` every step; `stop` makes `dir`'s filesystem stop answering and
+/// returns a guard that makes it answer again. Returns the finished run.
+pub fn rank_0_blocked_in<G>(py: &Path, op: &str, dir: &Path, stop: impl FnOnce() -> G) -> Finished {
+    let dir_s = dir.to_string_lossy().into_owned();
+    let mut run = HangwatchRun::start(
+        &["--nproc", "2", "--stall-after", STALL_AFTER, "--quiet"],
+        &rank_job(
+            py,
+            &[
+                "--step-time",
+                "0.1",
+                "--fs-op",
+                op,
+                "--fs-dir",
+                &dir_s,
+                "--only-rank",
+                "0",
+            ],
+        ),
+    );
+    // The job's output (quiet on the console) is in the report directory's log.
+    let output = run.report_dir().join("output.log");
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || std::fs::read_to_string(
+            &output
+        )
+        .is_ok_and(|t| t.contains("step 3"))),
+        "rank 0 never did 3 steps of {op}:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    let guard = stop();
+    let done = run.finish(STALL + Duration::from_secs(30));
+    drop(guard);
+    done
+}
