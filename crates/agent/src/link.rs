@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use hangwatch_model::{NodeObservations, Verdict};
 use hangwatch_rpc::pb::{self, order};
 use hangwatch_rpc::{
-    connect, encode_observations, with_deadline, JobToken, ProgressCoalescer, Refusal,
-    DEFAULT_PROGRESS_INTERVAL, PROTOCOL_VERSION, REGISTER_DEADLINE,
+    connect, encode_observations, with_deadline, ConnectError, JobSecret, ProgressCoalescer,
+    Refusal, DEFAULT_PROGRESS_INTERVAL, PROTOCOL_VERSION, REGISTER_DEADLINE,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -27,8 +27,8 @@ use crate::supervise::Event;
 pub struct LinkConfig {
     /// `HOST:PORT` of the coordinator.
     pub addr: String,
-    pub token: JobToken,
-    pub job_id: String,
+    /// The job's token and link key (with the job's id).
+    pub secret: JobSecret,
     /// This node's name (its hostname).
     pub node: String,
     pub node_rank: u32,
@@ -265,18 +265,20 @@ impl LinkWorker {
 
     async fn session(&mut self, joined_before: bool) -> SessionEnd {
         let addr = self.config.addr.clone();
-        let mut client = match connect(&addr, Some(&self.config.token), CONNECT_TIMEOUT).await {
+        let mut client = match connect(&addr, &self.config.secret, CONNECT_TIMEOUT).await {
             Ok(c) => c,
             Err(e) => {
+                // Whatever holds the port without the job's key is refused, and said so (it may be a squatter).
+                let refused = matches!(e, ConnectError::NotTheJobs { .. });
                 return SessionEnd::NotJoined {
                     why: hangwatch_model::error_chain(&e),
-                    refused: false,
-                }
+                    refused,
+                };
             }
         };
         let register = pb::RegisterRequest {
             protocol_version: PROTOCOL_VERSION,
-            job_id: self.config.job_id.clone(),
+            job_id: self.config.secret.job_id().to_string(),
             node: self.config.node.clone(),
             node_rank: self.config.node_rank,
             ranks: self.config.ranks.clone(),

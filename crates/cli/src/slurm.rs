@@ -115,6 +115,15 @@ pub fn job_id(get: impl Fn(&str) -> Option<String>) -> Option<String> {
         .filter(|j| !j.trim().is_empty())
 }
 
+/// The job's id as each node (and the coordinator) works it out alone: the one given, else Slurm's, else `job`.
+/// Every end must agree: with the token it makes the link's key.
+pub fn job_id_or_default(given: Option<&str>, get: impl Fn(&str) -> Option<String>) -> String {
+    given
+        .map(str::to_string)
+        .or_else(|| job_id(get))
+        .unwrap_or_else(|| "job".into())
+}
+
 /// MASTER_PORT of a Slurm job: derived from its id, so that every node computes the same one without talking,
 /// and two jobs sharing a node rarely collide (20000..39998, even; the coordinator takes the next port).
 pub fn job_port(job_id: &str) -> Option<u16> {

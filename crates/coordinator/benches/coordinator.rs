@@ -19,7 +19,8 @@ use hangwatch_coordinator::{Config, Coordinator};
 use hangwatch_model::{NodeObservations, PythonFrame, ThreadObservation};
 use hangwatch_rpc::pb::{self, order};
 use hangwatch_rpc::{
-    connect, encode_observations, with_deadline, JobToken, PROTOCOL_VERSION, REGISTER_DEADLINE,
+    connect, encode_observations, with_deadline, JobSecret, JobToken, PROTOCOL_VERSION,
+    REGISTER_DEADLINE,
 };
 use prost::Message;
 use tokio_stream::wrappers::ReceiverStream;
@@ -81,7 +82,7 @@ fn coordinator(nodes: usize) {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let mut config = Config::new(JobToken::new(TOKEN).expect("token"));
+        let mut config = Config::new(secret());
         config.expected_nodes = Some(nodes);
         config.silence = Duration::from_secs(10);
         let c = Coordinator::new(config);
@@ -226,10 +227,23 @@ fn agents(nodes: u32) {
     print!("{out}");
 }
 
+fn secret() -> JobSecret {
+    JobSecret::new(JobToken::new(TOKEN).expect("token"), "bench").expect("link key")
+}
+
 async fn agent(addr: String, node_rank: u32, payload: Vec<u8>) {
-    let token = JobToken::new(TOKEN).expect("token");
-    let Ok(mut client) = connect(&addr, Some(&token), LIMIT).await else {
-        return;
+    // As a real agent does: a connection closed by the coordinator's cap on handshakes in flight (every bench
+    // agent dials from 127.0.0.1) is tried again shortly.
+    let secret = secret();
+    let end = Instant::now() + LIMIT;
+    let mut client = loop {
+        match connect(&addr, &secret, LIMIT).await {
+            Ok(c) => break c,
+            Err(_) if Instant::now() < end => {
+                tokio::time::sleep(Duration::from_millis(50 + u64::from(node_rank % 50))).await;
+            }
+            Err(_) => return,
+        }
     };
     let ranks: Vec<u32> = (node_rank * RANKS_PER_NODE..(node_rank + 1) * RANKS_PER_NODE).collect();
     let req = pb::RegisterRequest {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use hangwatch_diagnosis::{decide, is_conclusive_for_job, ActivityRule, DecideOptions, OnHang};
 use hangwatch_model::{NodeObservations, Verdict};
 use hangwatch_rpc::pb::{self, order};
-use hangwatch_rpc::{JobToken, DEFAULT_PROGRESS_INTERVAL};
+use hangwatch_rpc::{JobSecret, DEFAULT_PROGRESS_INTERVAL};
 use tokio::sync::mpsc;
 
 pub use membership::{
@@ -27,9 +27,8 @@ pub use policy::{JobAction, JobInput, JobNotice, JobPolicy, JobTrigger, JobView}
 /// How the coordinator runs.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub token: JobToken,
-    /// The job's id; `None` takes the first registration's.
-    pub job_id: Option<String>,
+    /// The job's token and link key; its job id is the only job this coordinator serves.
+    pub secret: JobSecret,
     /// The job's node count (`--nnodes`): once that many have registered, a new node is a late join.
     pub expected_nodes: Option<usize>,
     /// After this much silence a node is `node_unreachable`.
@@ -40,10 +39,9 @@ pub struct Config {
 
 impl Config {
     /// Defaults: progress every second, unreachable after 5 s of silence (five missed reports).
-    pub fn new(token: JobToken) -> Self {
+    pub fn new(secret: JobSecret) -> Self {
         Self {
-            token,
-            job_id: None,
+            secret,
             expected_nodes: None,
             silence: Duration::from_secs(5),
             progress_interval: DEFAULT_PROGRESS_INTERVAL,
@@ -160,8 +158,11 @@ const ORDER_QUEUE: usize = 16;
 
 impl Coordinator {
     pub fn new(config: Config) -> Self {
-        let membership =
-            Membership::new(config.job_id.clone(), config.expected_nodes, config.silence);
+        let membership = Membership::new(
+            Some(config.secret.job_id().to_string()),
+            config.expected_nodes,
+            config.silence,
+        );
         Self {
             shared: Arc::new(Shared {
                 config,
@@ -195,6 +196,8 @@ impl Coordinator {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ServeError> {
         let svc = service::server(self.clone());
+        // Only peers that proved the job's key reach the gRPC server (hangwatch_rpc::accept_link).
+        let incoming = hangwatch_rpc::accept_link(listener, self.shared.config.secret.key());
         // Ending every order stream lets the graceful shutdown finish while agents are still attached.
         let shutdown = async move {
             shutdown.await;
@@ -202,15 +205,11 @@ impl Coordinator {
             self.shared.closing.send_replace(true);
         };
         tonic::transport::Server::builder()
-            .tcp_nodelay(true)
             // A dead agent's connection is noticed by a failed ping, not kept forever.
             .http2_keepalive_interval(Some(Duration::from_secs(5)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .add_service(svc)
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                shutdown,
-            )
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await
             .map_err(ServeError::Transport)
     }

@@ -24,7 +24,7 @@ pub(crate) struct Service {
 pub(crate) fn server(
     coordinator: Coordinator,
 ) -> InterceptedService<CoordinatorServer<Service>, CheckToken> {
-    let check = CheckToken::new(coordinator.shared.config.token.clone());
+    let check = CheckToken::new(coordinator.shared.config.secret.token().clone());
     let server = CoordinatorServer::new(Service { coordinator })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

@@ -6,10 +6,14 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::fixtures::incident_node;
-use common::{config, register_request, token, wait_for, with_logs, Answer, FakeAgent, Server};
+use common::{
+    config, register_request, secret, token, wait_for, with_logs, Answer, FakeAgent, Server,
+};
 use hangwatch_model::VerdictKind;
 use hangwatch_rpc::pb::order;
-use hangwatch_rpc::{with_deadline, JobToken, Refusal, RefusalKind, REGISTER_DEADLINE};
+use hangwatch_rpc::{
+    with_deadline, ConnectError, JobSecret, JobToken, Refusal, RefusalKind, REGISTER_DEADLINE,
+};
 
 const PER_NODE: u32 = 4;
 const FAST: Duration = Duration::from_millis(100);
@@ -52,32 +56,36 @@ async fn agents_register_attach_and_report_progress() {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn a_call_without_the_token_or_with_a_wrong_one_changes_nothing_and_is_logged() {
+async fn an_agent_with_another_token_or_another_jobs_id_cannot_connect_changes_nothing_and_is_logged(
+) {
     let (_, logs) = with_logs(async {
         let server = Server::start(config()).await;
-        let wrong = JobToken::new("not-the-token").expect("token");
-        for (token, problem) in [(None, "no job token"), (Some(&wrong), "wrong job token")] {
-            let mut client = server.client(token).await;
-            let err = client
-                .register(with_deadline(
-                    register_request("n1", 0, PER_NODE),
-                    REGISTER_DEADLINE,
-                ))
+        let wrong_token =
+            JobSecret::new(JobToken::new("not-the-token").expect("token"), common::JOB)
+                .expect("key");
+        let other_job = JobSecret::new(token(), "job-43").expect("key");
+        for secret in [&wrong_token, &other_job] {
+            let err = server
+                .try_client(secret)
                 .await
-                .expect_err("refused");
-            assert_eq!(err.code(), tonic::Code::Unauthenticated);
-            assert!(err.message().starts_with(problem), "{}", err.message());
-            let err = client
-                .report_roll_call(with_deadline(Default::default(), REGISTER_DEADLINE))
-                .await
-                .expect_err("refused");
-            assert_eq!(err.code(), tonic::Code::Unauthenticated);
+                .expect_err("the handshake fails: the coordinator holds another key");
+            assert!(
+                matches!(err, ConnectError::NotTheJobs { .. }),
+                "{}",
+                hangwatch_model::error_chain(&err)
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains("did not prove that it holds this job's key")
+                    && text.contains(&secret.key().id()),
+                "{text}"
+            );
         }
         assert!(
             server.coordinator.members().is_empty(),
             "nothing registered"
         );
-        // The right token still works afterwards.
+        // The right secret still works afterwards.
         let _a = agents(&server, 1, |_| Answer::Never).await;
         assert_eq!(server.coordinator.members().len(), 1);
         server.shutdown().await;
@@ -85,13 +93,11 @@ async fn a_call_without_the_token_or_with_a_wrong_one_changes_nothing_and_is_log
     .await;
     let refused: Vec<&str> = logs
         .lines()
-        .filter(|l| l.contains("refused a call to the coordinator"))
+        .filter(|l| l.contains("refused connections that did not prove the job's key"))
         .collect();
-    assert_eq!(refused.len(), 4, "{logs}");
+    assert_eq!(refused.len(), 1, "one summary line a minute: {logs}");
     assert!(
-        refused
-            .iter()
-            .all(|l| l.contains("WARN") && l.contains("peer=127.0.0.1:")),
+        refused[0].contains("WARN") && refused[0].contains("peer=127.0.0.1:"),
         "{logs}"
     );
     assert!(
@@ -106,7 +112,7 @@ async fn a_duplicate_node_another_version_and_a_late_join_are_refused_with_a_cle
     cfg.expected_nodes = Some(2);
     let server = Server::start(cfg).await;
     let first = agents(&server, 1, |_| Answer::Never).await;
-    let mut client = server.client(Some(&token())).await;
+    let mut client = server.client(&secret()).await;
 
     let status = client
         .register(with_deadline(

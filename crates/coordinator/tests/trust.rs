@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::fixtures::{node_name, stuck_node_claiming, waiting_node};
-use common::{config, register_request, token, wait_for, Answer, FakeAgent, Server};
+use common::{config, register_request, secret, wait_for, Answer, FakeAgent, Server};
 use hangwatch_model::VerdictKind;
 use hangwatch_rpc::{with_deadline, Refusal, RefusalKind, REGISTER_DEADLINE};
 
@@ -58,7 +58,7 @@ async fn an_answer_that_places_its_stuck_rank_on_another_node_blames_the_sender(
 #[tokio::test]
 async fn a_node_name_that_is_not_a_hostname_is_refused_at_join_with_the_rule() {
     let server = Server::start(config()).await;
-    let mut client = server.client(Some(&token())).await;
+    let mut client = server.client(&secret()).await;
     for bad in ["n[1-8]", "n1,n7", "n1 n7", ""] {
         let status = client
             .register(with_deadline(
@@ -161,7 +161,7 @@ async fn session_ids_are_128_random_bits_and_a_guessed_one_is_refused() {
         assert!(id.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
     }
     assert_ne!(ids[0], ids[1]);
-    let mut client = server.client(Some(&token())).await;
+    let mut client = server.client(&secret()).await;
     for guess in ["1", "2", &"0".repeat(32)] {
         let status = client
             .report_roll_call(with_deadline(

@@ -8,6 +8,8 @@ use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Status};
 
+use crate::tls::{LinkKey, LinkKeyError};
+
 /// The metadata header that carries the token, as `Bearer <token>`.
 pub const TOKEN_HEADER: &str = "authorization";
 
@@ -41,6 +43,11 @@ impl JobToken {
         Ok(Self(token.into()))
     }
 
+    /// The secret itself, for deriving the job's link key (crate::tls).
+    pub(crate) fn secret(&self) -> &str {
+        &self.0
+    }
+
     fn matches(&self, presented: &str) -> bool {
         // Constant time for equal lengths; the length of the token is not the secret.
         bool::from(self.0.as_bytes().ct_eq(presented.as_bytes()))
@@ -50,6 +57,39 @@ impl JobToken {
 impl fmt::Debug for JobToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("JobToken(<redacted>)")
+    }
+}
+
+/// What both ends of one job's link hold: the token (sent on every call) and the link key derived from it and the
+/// job id (crate::tls). Cheap to clone; `Debug` shows the key's public id only.
+#[derive(Clone, Debug)]
+pub struct JobSecret {
+    token: JobToken,
+    job_id: Arc<str>,
+    key: LinkKey,
+}
+
+impl JobSecret {
+    pub fn new(token: JobToken, job_id: &str) -> Result<Self, LinkKeyError> {
+        let key = LinkKey::derive(&token, job_id)?;
+        Ok(Self {
+            token,
+            job_id: job_id.into(),
+            key,
+        })
+    }
+
+    pub fn token(&self) -> &JobToken {
+        &self.token
+    }
+
+    /// The job the key is for.
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+
+    pub fn key(&self) -> &LinkKey {
+        &self.key
     }
 }
 

@@ -1,15 +1,21 @@
-//! The agent<->coordinator protocol (docs/coordinator-protocol.md): the generated gRPC types, the per-job token
-//! checked on every call, typed refusals, the size and deadline limits, and the coalescing of progress reports.
+//! The agent<->coordinator protocol (docs/coordinator-protocol.md): the generated gRPC types, TLS with the job's
+//! key on every connection, the per-job token checked on every call, typed refusals, the size and deadline limits, and the coalescing of progress reports.
 
+mod accept;
 mod auth;
 mod client;
 mod progress;
 mod refusal;
+pub mod tls;
 
-pub use auth::{CheckToken, JobToken, SendToken, TokenError, TOKEN_HEADER};
+pub use accept::{
+    accept_link, LinkConnection, HANDSHAKE_DEADLINE, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS,
+};
+pub use auth::{CheckToken, JobSecret, JobToken, SendToken, TokenError, TOKEN_HEADER};
 pub use client::{connect, with_deadline, Client, ConnectError};
 pub use progress::ProgressCoalescer;
 pub use refusal::{Refusal, RefusalKind, REFUSAL_HEADER};
+pub use tls::{LinkKey, LinkKeyError};
 
 use std::time::Duration;
 

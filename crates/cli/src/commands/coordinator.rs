@@ -14,7 +14,7 @@ use hangwatch_agent::render::{rank_ranges, verdict_text};
 use hangwatch_coordinator::{Config, Coordinator, JobEnding, JobEvent, SuperviseOptions};
 use hangwatch_diagnosis::OnHang;
 use hangwatch_metrics::{CoordinatorMetrics, Exposition, NodeSeen, NodeState};
-use hangwatch_rpc::JobToken;
+use hangwatch_rpc::{JobSecret, JobToken};
 use tokio::sync::mpsc;
 
 use crate::duration::parse_nonzero_duration;
@@ -28,7 +28,8 @@ pub struct Args {
     /// The job's shared secret, readable by its owner only (chmod 600); the same file on every node.
     #[arg(long, value_name = "FILE")]
     token_file: PathBuf,
-    /// The job's id; by default the first agent's.
+    /// The job's id, as the agents have it (their `--job-id`, else SLURM_JOB_ID, else `job`); with the token it
+    /// makes the link's key, so an agent of another job cannot even connect [default: SLURM_JOB_ID, else `job`].
     #[arg(long)]
     job_id: Option<String>,
     /// The job's node count: once that many nodes have joined, a new one is refused as a late join.
@@ -63,14 +64,19 @@ pub struct Args {
 /// Exit code of the coordinator when it ended a hung job (as the agents').
 const EXIT_HUNG: u8 = 75;
 
-/// Reads the token, refusing a file that its group or others may read (or write).
-pub fn read_token_file(path: &Path) -> anyhow::Result<JobToken> {
+/// Reads the token, refusing a file that its group or others may read (or write), and derives the job's link key
+/// from it and `job_id`.
+pub fn read_job_secret(path: &Path, job_id: &str) -> anyhow::Result<JobSecret> {
     let text = crate::secret::read_private_file(path, "token file")?;
-    JobToken::new(&text).map_err(|e| usage(format!("token file {}: {e}", path.display())))
+    let token =
+        JobToken::new(&text).map_err(|e| usage(format!("token file {}: {e}", path.display())))?;
+    JobSecret::new(token, job_id).context("cannot set up the link's key")
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let token = read_token_file(&args.token_file)?;
+    // The agents' own rule (`run`): --job-id, else the Slurm job's id, else `job`.
+    let job_id = crate::slurm::job_id_or_default(args.job_id.as_deref(), |k| std::env::var(k).ok());
+    let secret = read_job_secret(&args.token_file, &job_id)?;
     let alerter = std::sync::Arc::new(args.alerts.alerter()?);
     // Held open (and locked) while the coordinator runs.
     let report =
@@ -78,18 +84,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let report_dir = report.path().to_path_buf();
     let alerts = JobAlerts {
         alerter: std::sync::Arc::clone(&alerter),
-        job: args.job_id.clone(),
+        job: Some(job_id.clone()),
         evidence: format!("{}:{}", this_host(), report_dir.display()),
     };
-    let metrics = Arc::new(CoordinatorMetrics::new(args.job_id.as_deref()));
+    let metrics = Arc::new(CoordinatorMetrics::new(Some(&job_id)));
     let (sent, failed) = (Arc::clone(&metrics), Arc::clone(&metrics));
     crate::alerts::count_deliveries(
         &alerter,
         move |t| sent.alert_sent(t),
         move |t| failed.alert_failed(t),
     );
-    let mut config = Config::new(token);
-    config.job_id = args.job_id;
+    let mut config = Config::new(secret.clone());
     config.expected_nodes = args.nnodes;
     config.silence = args.silence;
     let options = SuperviseOptions {
@@ -115,8 +120,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
                 .context("cannot watch SIGINT")?;
         say(format!(
-            "hangwatch coordinator: listening on {addr} (token from {}); agents join with `hangwatch run --coordinator {addr} --token-file FILE ...`",
-            args.token_file.display()
+            "hangwatch coordinator: listening on {addr} for job {job_id} (token from {}, link key {}); agents join with `hangwatch run --coordinator {addr} --token-file FILE --job-id {job_id} ...`",
+            args.token_file.display(),
+            secret.key().id()
         ));
         let serving = Serving::start(
             Coordinator::new(config),
@@ -367,24 +373,47 @@ pub struct HostedCoordinator {
     expected_nodes: Option<usize>,
 }
 
+/// The hosted coordinator could not start.
+#[derive(Debug)]
+pub enum HostError {
+    /// Another process holds the port: the job runs without a coordinator.
+    PortTaken(String),
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for HostError {
+    fn from(e: anyhow::Error) -> Self {
+        Self::Other(e)
+    }
+}
+
 impl HostedCoordinator {
-    /// Binds `listen` now (so that a taken port is a usage error before the job starts) and serves in the
-    /// background.
+    /// Binds `listen` now (so that a taken port is known before the job starts) and serves in the background.
     pub fn start(
         listen: SocketAddr,
         config: Config,
         on_hang: OnHang,
         activity: hangwatch_diagnosis::ActivityRule,
         alerts: JobAlerts,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, HostError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("hw-coordinator")
             .enable_all()
             .build()
             .context("cannot start the hosted coordinator's runtime")?;
-        let std_listener = std::net::TcpListener::bind(listen)
-            .map_err(|e| usage(format!("cannot host the coordinator on {listen}: {e}")))?;
+        let std_listener = std::net::TcpListener::bind(listen).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                HostError::PortTaken(format!(
+                    "port {} is taken by another program ({e})",
+                    listen.port()
+                ))
+            } else {
+                HostError::Other(usage(format!(
+                    "cannot host the coordinator on {listen}: {e}"
+                )))
+            }
+        })?;
         std_listener
             .set_nonblocking(true)
             .context("cannot set up the coordinator's socket")?;
@@ -394,7 +423,7 @@ impl HostedCoordinator {
             let listener = tokio::net::TcpListener::from_std(std_listener)
                 .context("cannot set up the coordinator's socket")?;
             // The hosting agent's evidence holds the job's verdict already: none is kept apart.
-            let metrics = Arc::new(CoordinatorMetrics::new(config.job_id.as_deref()));
+            let metrics = Arc::new(CoordinatorMetrics::new(Some(config.secret.job_id())));
             Serving::start(Coordinator::new(config), listener, None, alerts, metrics)
         };
         let (coordinator, events) = (serving.coordinator.clone(), serving.events.clone());

@@ -192,11 +192,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let history_fleet = args.fleet.target()?;
     // Inside a multi-node Slurm step every node computes the same MASTER_ADDR and MASTER_PORT without talking.
     let in_slurm_step = nnodes > 1 && env("SLURM_STEP_ID").is_some();
-    let job_id = args
-        .job_id
-        .clone()
-        .or_else(|| slurm::job_id(env))
-        .unwrap_or_else(|| "job".into());
+    let job_id = slurm::job_id_or_default(args.job_id.as_deref(), env);
     let master_addr = args
         .master_addr
         .clone()
@@ -286,7 +282,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             move |t| failed.alert_failed(t),
         );
     }
-    let config = RunConfig {
+    let mut config = RunConfig {
         launch: LaunchSpec {
             command: args.command.clone(),
             nproc: args.nproc,
@@ -334,21 +330,36 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let activity = hangwatch_agent::supervise::activity_rule(&config.detector);
     let hosted = match coordination.as_ref().and_then(|c| c.host.as_ref()) {
-        Some((listen, config)) => Some(crate::commands::coordinator::HostedCoordinator::start(
-            *listen,
-            config.clone(),
-            args.action.on_hang(),
-            activity,
-            crate::commands::coordinator::JobAlerts {
-                alerter: std::sync::Arc::clone(&alerter),
-                job: Some(job_id.clone()),
-                evidence: format!(
-                    "{}:{} (and each node's own report directory)",
-                    node_name.as_deref().unwrap_or("node rank 0"),
-                    report_dir.display()
-                ),
-            },
-        )?),
+        Some((listen, hosted_config)) => {
+            match crate::commands::coordinator::HostedCoordinator::start(
+                *listen,
+                hosted_config.clone(),
+                args.action.on_hang(),
+                activity,
+                crate::commands::coordinator::JobAlerts {
+                    alerter: std::sync::Arc::clone(&alerter),
+                    job: Some(job_id.clone()),
+                    evidence: format!(
+                        "{}:{} (and each node's own report directory)",
+                        node_name.as_deref().unwrap_or("node rank 0"),
+                        report_dir.display()
+                    ),
+                },
+            ) {
+                Ok(hosted) => Some(hosted),
+                Err(crate::commands::coordinator::HostError::PortTaken(why)) => {
+                    // Someone else holds the port (it is derived from the job id): the job still runs, each node
+                    // deciding alone; the other nodes refuse whatever listens there, as it cannot prove the job's key.
+                    say(format!(
+                    "hangwatch: warning: cannot host the coordinator: {why}; this job runs with each node deciding alone \
+                     (the other nodes refuse whatever holds that port: it cannot prove the job's key)"
+                ));
+                    config.coordinator = None;
+                    None
+                }
+                Err(crate::commands::coordinator::HostError::Other(e)) => return Err(e),
+            }
+        }
         None => None,
     };
     let metrics_outlets = match agent_metrics {
@@ -589,7 +600,7 @@ fn coordination(
             "the coordinator needs the job's token: give --token-file FILE (the same secret on every node, chmod 600; e.g. `openssl rand -hex 32 > FILE`)",
         ));
     };
-    let token = crate::commands::coordinator::read_token_file(token_file)?;
+    let secret = crate::commands::coordinator::read_job_secret(token_file, job_id)?;
     let node = node_name
         .map(str::to_string)
         .ok_or_else(|| usage("cannot tell this node's name (no hostname): give --node-name"))?;
@@ -598,8 +609,7 @@ fn coordination(
             .rsplit_once(':')
             .and_then(|(_, p)| p.parse::<u16>().ok())
             .ok_or_else(|| usage(format!("--coordinator {addr:?} is not HOST:PORT")))?;
-        let mut config = hangwatch_coordinator::Config::new(token.clone());
-        config.job_id = Some(job_id.to_string());
+        let mut config = hangwatch_coordinator::Config::new(secret.clone());
         config.expected_nodes = Some(nnodes as usize);
         Some((std::net::SocketAddr::from(([0, 0, 0, 0], port)), config))
     } else {
@@ -612,8 +622,7 @@ fn coordination(
     Ok(Some(Coordination {
         link: hangwatch_agent::link::LinkConfig {
             addr,
-            token,
-            job_id: job_id.to_string(),
+            secret,
             node,
             node_rank,
             ranks,

@@ -12,8 +12,8 @@ use hangwatch_coordinator::{Config, Coordinator};
 use hangwatch_model::NodeObservations;
 use hangwatch_rpc::pb::{self, order};
 use hangwatch_rpc::{
-    connect, encode_observations, with_deadline, Client, JobToken, PROTOCOL_VERSION,
-    REGISTER_DEADLINE,
+    connect, encode_observations, with_deadline, Client, ConnectError, JobSecret, JobToken,
+    PROTOCOL_VERSION, REGISTER_DEADLINE,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -25,6 +25,11 @@ pub const JOB: &str = "job-42";
 
 pub fn token() -> JobToken {
     JobToken::new(TOKEN).expect("token")
+}
+
+/// The test job's token and link key.
+pub fn secret() -> JobSecret {
+    JobSecret::new(token(), JOB).expect("link key")
 }
 
 /// A coordinator served on a free loopback port; dropping it shuts the server down.
@@ -59,10 +64,12 @@ impl Server {
         }
     }
 
-    pub async fn client(&self, token: Option<&JobToken>) -> Client {
-        connect(&self.addr.to_string(), token, Duration::from_secs(10))
-            .await
-            .expect("connect")
+    pub async fn client(&self, secret: &JobSecret) -> Client {
+        self.try_client(secret).await.expect("connect")
+    }
+
+    pub async fn try_client(&self, secret: &JobSecret) -> Result<Client, ConnectError> {
+        connect(&self.addr.to_string(), secret, Duration::from_secs(10)).await
     }
 
     pub async fn shutdown(mut self) {
@@ -87,9 +94,7 @@ impl Drop for Server {
 }
 
 pub fn config() -> Config {
-    let mut c = Config::new(token());
-    c.job_id = Some(JOB.into());
-    c
+    Config::new(secret())
 }
 
 pub fn register_request(node: &str, node_rank: u32, per_node: u32) -> pb::RegisterRequest {
@@ -287,7 +292,7 @@ pub async fn join_agents(
 ) -> Vec<FakeAgent> {
     let mut out = Vec::new();
     for r in 0..n {
-        let client = server.client(Some(&token())).await;
+        let client = server.client(&secret()).await;
         out.push(
             FakeAgent::join(
                 client,
