@@ -45,6 +45,9 @@ pub enum LinkEvent {
     Lost { why: String },
     /// The coordinator refused this node (another job, a duplicate node, a late join, another version).
     Refused { why: String },
+    /// What listens at the coordinator's address did not prove the job's key (another job's coordinator, another
+    /// token file, or someone else on the port): nothing was sent to it.
+    NotTheJobs { why: String },
     /// Take a roll call of this node and answer with [`Answers::answer`] within `deadline`.
     RollCallOrdered {
         roll_call_id: u64,
@@ -206,7 +209,25 @@ enum SessionEnd {
     /// Joined, then lost.
     Lost(String),
     /// Could not join: no connection, or refused.
-    NotJoined { why: String, refused: bool },
+    NotJoined { why: String, refused: Refused },
+}
+
+/// Whether a failed join is worth telling the loop about (retrying will not fix it; people must).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    No,
+    ByTheCoordinator,
+    NotTheJobsKey,
+}
+
+impl Refused {
+    fn by_coordinator(refused: bool) -> Self {
+        if refused {
+            Self::ByTheCoordinator
+        } else {
+            Self::No
+        }
+    }
 }
 
 struct LinkWorker {
@@ -243,9 +264,15 @@ impl LinkWorker {
                 SessionEnd::NotJoined { why, refused } => {
                     // Said once per reason: a coordinator that is not up yet is retried quietly.
                     if last_failure.as_deref() != Some(why.as_str()) {
-                        tracing::warn!(coordinator = %self.config.addr, reason = %why, refused, "could not join the coordinator");
-                        if refused {
-                            self.tell(LinkEvent::Refused { why: why.clone() });
+                        tracing::warn!(coordinator = %self.config.addr, reason = %why, refused = ?refused, "could not join the coordinator");
+                        match refused {
+                            Refused::No => {}
+                            Refused::ByTheCoordinator => {
+                                self.tell(LinkEvent::Refused { why: why.clone() })
+                            }
+                            Refused::NotTheJobsKey => {
+                                self.tell(LinkEvent::NotTheJobs { why: why.clone() })
+                            }
                         }
                         last_failure = Some(why);
                     }
@@ -269,7 +296,11 @@ impl LinkWorker {
             Ok(c) => c,
             Err(e) => {
                 // Whatever holds the port without the job's key is refused, and said so (it may be a squatter).
-                let refused = matches!(e, ConnectError::NotTheJobs { .. });
+                let refused = if matches!(e, ConnectError::NotTheJobs { .. }) {
+                    Refused::NotTheJobsKey
+                } else {
+                    Refused::No
+                };
                 return SessionEnd::NotJoined {
                     why: hangwatch_model::error_chain(&e),
                     refused,
@@ -290,8 +321,10 @@ impl LinkWorker {
             Ok(r) => r.into_inner(),
             Err(status) => {
                 // A wrong token is a refusal too: retrying will not fix it, people must.
-                let refused = Refusal::from_status(&status).is_some()
-                    || status.code() == tonic::Code::Unauthenticated;
+                let refused = Refused::by_coordinator(
+                    Refusal::from_status(&status).is_some()
+                        || status.code() == tonic::Code::Unauthenticated,
+                );
                 return SessionEnd::NotJoined {
                     why: format!("{} ({:?})", status.message(), status.code()),
                     refused,
@@ -315,7 +348,7 @@ impl LinkWorker {
             Ok(Err(status)) => {
                 return SessionEnd::NotJoined {
                     why: format!("attach refused: {} ({:?})", status.message(), status.code()),
-                    refused: Refusal::from_status(&status).is_some(),
+                    refused: Refused::by_coordinator(Refusal::from_status(&status).is_some()),
                 }
             }
             Err(_) => {
@@ -324,7 +357,7 @@ impl LinkWorker {
                         "the coordinator did not open the session within {:.0}s",
                         REGISTER_DEADLINE.as_secs_f64()
                     ),
-                    refused: false,
+                    refused: Refused::No,
                 }
             }
         };

@@ -841,6 +841,14 @@ impl Supervisor {
                 ));
                 None
             }
+            LinkEvent::NotTheJobs { why } => {
+                self.linked = false;
+                say(format!(
+                    "hangwatch: error: cannot join the coordinator: {why}; check that every node has the same token \
+                     file and job id; this node decides alone"
+                ));
+                None
+            }
             LinkEvent::RollCallOrdered {
                 roll_call_id,
                 deadline,
