@@ -4,6 +4,7 @@
 
 pub mod membership;
 pub mod policy;
+pub mod requests;
 mod service;
 
 use std::collections::{BTreeMap, HashMap};
@@ -136,7 +137,27 @@ struct State {
     /// By node name.
     attached: HashMap<String, Attached>,
     /// Roll calls in progress, by id: where their answers go.
-    roll_calls: HashMap<u64, mpsc::UnboundedSender<(String, NodeObservations)>>,
+    roll_calls: HashMap<u64, RollCallInbox>,
+}
+
+/// Where one roll call's answers go: one per node that was asked, so the queue is bounded by the job's size and
+/// a node that answers twice cannot crowd out the others.
+struct RollCallInbox {
+    answers: mpsc::Sender<(String, NodeObservations)>,
+    asked: std::collections::HashSet<String>,
+    answered: std::collections::HashSet<String>,
+}
+
+impl RollCallInbox {
+    /// Queues `node`'s answer; `false` when it was not asked, answered already, or the roll call is over.
+    fn take(&mut self, node: &str, observations: NodeObservations) -> bool {
+        if !self.asked.contains(node) || !self.answered.insert(node.to_string()) {
+            return false;
+        }
+        self.answers
+            .try_send((node.to_string(), observations))
+            .is_ok()
+    }
 }
 
 struct Shared {
@@ -152,6 +173,10 @@ struct Shared {
 pub struct Coordinator {
     shared: Arc<Shared>,
 }
+
+/// Job events waiting for whoever prints, keeps and alerts them (`supervise`'s `events`): a few per node and
+/// per verdict; a consumer that falls this far behind loses events rather than stopping the policy.
+pub const JOB_EVENT_QUEUE: usize = 4096;
 
 /// Orders waiting in an agent's stream before the coordinator stops queueing more (the agent is not reading).
 const ORDER_QUEUE: usize = 16;
@@ -265,7 +290,6 @@ impl Coordinator {
     async fn collect(&self, deadline: Duration, probe_mounts: Vec<String>) -> Round {
         let id = self.next_id();
         let until = tokio::time::Instant::now() + deadline;
-        let (tx, mut rx) = mpsc::unbounded_channel();
         let order = pb::Order {
             order_id: id,
             kind: Some(order::Kind::RollCall(pb::RollCallOrder {
@@ -274,9 +298,8 @@ impl Coordinator {
                 probe_mounts,
             })),
         };
-        let (expected, departed, mut waiting) = {
+        let (expected, departed, mut waiting, mut rx) = {
             let mut st = self.state();
-            st.roll_calls.insert(id, tx);
             // A node that left is not asked: its agent said how its ranks ended, and they count as exited.
             let departed: Vec<NodeObservations> = st
                 .membership
@@ -290,6 +313,15 @@ impl Coordinator {
                 .filter(|m| m.left.is_none())
                 .map(|m| m.node.clone())
                 .collect();
+            let (tx, rx) = mpsc::channel(expected.len().max(1));
+            st.roll_calls.insert(
+                id,
+                RollCallInbox {
+                    answers: tx,
+                    asked: expected.iter().cloned().collect(),
+                    answered: Default::default(),
+                },
+            );
             let mut waiting = 0usize;
             for node in &expected {
                 match st.attached.get(node) {
@@ -300,7 +332,7 @@ impl Coordinator {
                     None => tracing::warn!(%node, "no open session to order a roll call"),
                 }
             }
-            (expected, departed, waiting)
+            (expected, departed, waiting, rx)
         };
         tracing::info!(
             roll_call = id,
@@ -561,7 +593,7 @@ impl Coordinator {
     pub async fn supervise(
         &self,
         options: SuperviseOptions,
-        events: mpsc::UnboundedSender<JobEvent>,
+        events: mpsc::Sender<JobEvent>,
     ) -> JobEnding {
         let started = tokio::time::Instant::now();
         let mut policy = JobPolicy::new(options.on_hang, options.activity);
@@ -571,8 +603,14 @@ impl Coordinator {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut seen: BTreeMap<String, bool> = BTreeMap::new();
         let mut ending = JobEnding::default();
+        // The policy never waits on whoever prints, keeps or alerts: a full queue drops the event, said once.
+        let dropped = AtomicU64::new(0);
         let emit = |e: JobEvent| {
-            let _ = events.send(e);
+            if events.try_send(e).is_err() && dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::warn!(
+                    "job events are not being taken: dropping them (the policy goes on)"
+                );
+            }
         };
         loop {
             let input = tokio::select! {
@@ -693,6 +731,29 @@ pub async fn serve(
 mod tests {
     use super::*;
     use hangwatch_model::{Culprit, RankPlace, RankReport};
+
+    #[test]
+    fn a_roll_call_takes_one_answer_per_node_asked_and_no_more_than_the_job_has_nodes() {
+        let (tx, mut rx) = mpsc::channel(2);
+        let mut inbox = RollCallInbox {
+            answers: tx,
+            asked: ["n1".to_string(), "n2".to_string()].into(),
+            answered: Default::default(),
+        };
+        let obs = |n: &str| NodeObservations::new(Some(n.into()), 100);
+        assert!(inbox.take("n1", obs("n1")));
+        assert!(
+            !inbox.take("n1", obs("n1")),
+            "a second answer is not queued"
+        );
+        assert!(!inbox.take("n9", obs("n9")), "a node that was not asked");
+        assert!(inbox.take("n2", obs("n2")), "the other node still gets in");
+        let mut got = Vec::new();
+        while let Ok((node, _)) = rx.try_recv() {
+            got.push(node);
+        }
+        assert_eq!(got, ["n1", "n2"]);
+    }
 
     fn place(rank: u32, node: &str) -> RankPlace {
         RankPlace {

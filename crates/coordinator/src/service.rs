@@ -1,21 +1,16 @@
 //! The gRPC face of the coordinator: each call checked (token by the interceptor, then session and version) and
 //! turned into a change of the in-memory state.
 
-use std::time::Duration;
-
 use hangwatch_rpc::pb::coordinator_server::{self, CoordinatorServer};
 use hangwatch_rpc::pb::{self};
-use hangwatch_rpc::{decode_observations, CheckToken, Refusal, RefusalKind, MAX_MESSAGE_BYTES};
+use hangwatch_rpc::{CheckToken, Refusal, RefusalKind, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::{
-    membership::new_session_id, now, Attached, Coordinator, NodeReport, NodeStall, RankExit,
-    RankProgress, Registration, StallTier, ORDER_QUEUE,
-};
+use crate::{membership::new_session_id, now, requests, Attached, Coordinator, ORDER_QUEUE};
 
 pub(crate) struct Service {
     coordinator: Coordinator,
@@ -52,13 +47,7 @@ impl coordinator_server::Coordinator for Service {
     ) -> Result<Response<pb::RegisterReply>, Status> {
         let peer = request.remote_addr();
         let r = request.into_inner();
-        let registration = Registration {
-            protocol_version: r.protocol_version,
-            job_id: r.job_id,
-            node: r.node,
-            node_rank: r.node_rank,
-            ranks: r.ranks,
-        };
+        let registration = requests::registration(r);
         let node = registration.node.clone();
         let config = &self.coordinator.shared.config;
         let session_id = new_session_id().map_err(|e| {
@@ -129,7 +118,11 @@ impl coordinator_server::Coordinator for Service {
             let mut st = self.coordinator.state();
             let node = st
                 .membership
-                .heard(&session_id, now(), Some(node_report(&first)))
+                .heard(
+                    &session_id,
+                    now(),
+                    Some(requests::node_report(&first, now())),
+                )
                 .ok_or_else(|| unknown_session(&session_id))?
                 .to_string();
             st.attached.insert(
@@ -156,7 +149,11 @@ impl coordinator_server::Coordinator for Service {
                         let mut st = coordinator.state();
                         if st
                             .membership
-                            .heard(&session_id, now(), Some(node_report(&report)))
+                            .heard(
+                                &session_id,
+                                now(),
+                                Some(requests::node_report(&report, now())),
+                            )
                             .is_none()
                         {
                             break;
@@ -190,72 +187,39 @@ impl coordinator_server::Coordinator for Service {
         request: Request<pb::RollCallReport>,
     ) -> Result<Response<pb::RollCallAck>, Status> {
         let r = request.into_inner();
-        let (node, answers) = {
+        let (node, open) = {
             let mut st = self.coordinator.state();
             let node = st
                 .membership
                 .heard(&r.session_id, now(), None)
                 .ok_or_else(|| unknown_session(&r.session_id))?
                 .to_string();
-            (node, st.roll_calls.get(&r.roll_call_id).cloned())
+            let open = st.roll_calls.contains_key(&r.roll_call_id);
+            (node, open)
         };
-        let Some(answers) = answers else {
+        if !open {
             tracing::info!(%node, roll_call = r.roll_call_id, "late or unknown roll-call answer ignored");
             return Ok(Response::new(pb::RollCallAck { accepted: false }));
-        };
-        let mut observations = decode_observations(&r.observations_json).map_err(|e| {
+        }
+        // The session says which node this is; the payload's names (its own, each process's) must not move ranks
+        // to another node.
+        let answer = requests::roll_call_answer(&node, &r.observations_json).map_err(|e| {
             tracing::warn!(%node, roll_call = r.roll_call_id, error = %e, "unreadable roll-call answer");
             Refusal::new(RefusalKind::BadRequest, format!("node {node}: {e}")).to_status()
         })?;
-        // The session says which node this is; the payload's names (its own, each process's) must not move ranks
-        // to another node.
-        let forged = observations.node.as_deref() != Some(node.as_str())
-            || observations
-                .processes()
-                .any(|p| p.node.as_deref().is_some_and(|n| n != node));
-        if forged {
-            tracing::warn!(%node, claimed = ?observations.node, "roll-call answer names another node; using the session's");
+        if answer.named_another_node {
+            tracing::warn!(%node, "roll-call answer names another node; using the session's");
         }
-        observations.assign_node(&node);
-        let accepted = answers.send((node, observations)).is_ok();
+        // Decoded outside the lock; queued under it, once per node.
+        let accepted = self
+            .coordinator
+            .state()
+            .roll_calls
+            .get_mut(&r.roll_call_id)
+            .is_some_and(|inbox| inbox.take(&node, answer.observations));
+        if !accepted {
+            tracing::info!(%node, roll_call = r.roll_call_id, "roll-call answer not taken (a second answer, or the roll call ended)");
+        }
         Ok(Response::new(pb::RollCallAck { accepted }))
-    }
-}
-
-fn node_report(report: &pb::ProgressReport) -> NodeReport {
-    let at = now();
-    let ranks = report
-        .ranks
-        .iter()
-        .map(|p| RankProgress {
-            rank: p.rank,
-            step: p.step,
-            age: Duration::from_millis(p.last_progress_age_ms),
-            reported_at: at,
-        })
-        .collect();
-    let tier = match pb::StallTier::try_from(report.stall).unwrap_or(pb::StallTier::StallHealthy) {
-        pb::StallTier::StallHealthy => StallTier::Healthy,
-        pb::StallTier::StallSoft => StallTier::Soft,
-        pb::StallTier::StallHard => StallTier::Hard,
-    };
-    NodeReport {
-        ranks,
-        stall: NodeStall {
-            tier,
-            stalled_for: Duration::from_millis(report.stalled_for_ms),
-            fs_stuck: report.fs_stuck,
-        },
-        leaving: report.leaving.then_some(report.exit_code),
-        exits: report
-            .exits
-            .iter()
-            .map(|e| RankExit {
-                rank: e.rank,
-                pid: e.pid,
-                exit_code: e.exit_code,
-                exited_at_unix_s: (e.exited_at_unix_s > 0.0).then_some(e.exited_at_unix_s),
-            })
-            .collect(),
     }
 }

@@ -86,8 +86,12 @@ async fn a_cleartext_listener_on_the_coordinators_address_gets_a_tls_hello_and_n
     assert_nothing_of_the_job(&seen);
 }
 
+/// What a stranger's TLS server saw: the bytes it decrypted, and how each handshake went.
+type Decrypted = Arc<Mutex<Vec<u8>>>;
+type Handshakes = Arc<Mutex<Vec<String>>>;
+
 /// A TLS server with a key of its own (not the job's) that accepts any client and keeps what it decrypts.
-fn tls_listener_with_its_own_key() -> (SocketAddr, Arc<Mutex<Vec<u8>>>, Arc<Mutex<Vec<String>>>) {
+fn tls_listener_with_its_own_key() -> (SocketAddr, Decrypted, Handshakes) {
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new())

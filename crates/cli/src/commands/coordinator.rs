@@ -185,7 +185,7 @@ fn print_ending(ending: &JobEnding) -> anyhow::Result<()> {
 /// Says every event of the coordinator, each line starting with `who`, and keeps each verdict in `keep` (when
 /// given) through the abandonable writer: the coordinator never blocks on a directory.
 async fn print_events(
-    mut events: mpsc::UnboundedReceiver<JobEvent>,
+    mut events: mpsc::Receiver<JobEvent>,
     who: &'static str,
     keep: Option<PathBuf>,
     alerts: JobAlerts,
@@ -482,7 +482,7 @@ impl HostedCoordinator {
 /// until [`Serving::stop`]; the caller runs its policy (`supervise`) with `events`.
 struct Serving {
     coordinator: Coordinator,
-    events: mpsc::UnboundedSender<JobEvent>,
+    events: mpsc::Sender<JobEvent>,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<Result<(), hangwatch_coordinator::ServeError>>,
     printer: tokio::task::JoinHandle<()>,
@@ -502,7 +502,7 @@ impl Serving {
         let server = tokio::spawn(coordinator.clone().serve(listener, async move {
             let _ = stop_rx.await;
         }));
-        let (events, events_rx) = mpsc::unbounded_channel();
+        let (events, events_rx) = mpsc::channel(hangwatch_coordinator::JOB_EVENT_QUEUE);
         let printer = tokio::spawn(print_events(
             events_rx,
             "hangwatch coordinator",
