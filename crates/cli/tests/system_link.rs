@@ -1,6 +1,8 @@
-//! System test of the link against a squatter: someone else holds the port a hosted coordinator would take (it is
-//! derived from the job). Node rank 0 says it cannot host and decides alone; node 1 finds that the listener cannot
+//! System tests of the link against strangers. A squatter holds the port a hosted coordinator would take (it is
+//! derived from the job): node rank 0 says it cannot host and decides alone; node 1 finds that the listener cannot
 //! prove the job's key, says so and decides alone; both jobs run to their end, and the squatter learns nothing.
+//! Strangers hold 2,000 idle connections to the hosted coordinator and 2,000 to `/metrics`: a deadlock is still
+//! decided and ended in time.
 
 mod common;
 
@@ -11,8 +13,130 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
+use hangwatch_testkit::{python, require};
 
 const TOKEN: &str = "squat-test-token-5f2c9a";
+
+fn private_token(dir: &std::path::Path) -> String {
+    let token = dir.join("token");
+    std::fs::write(&token, TOKEN).expect("token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    token.to_string_lossy().into_owned()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn raise_open_file_limit(want: u64) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    if soft < want {
+        setrlimit(Resource::RLIMIT_NOFILE, want.min(hard), hard).expect("setrlimit");
+    }
+}
+
+/// Connections that say nothing, as a stranger (or a broken client) holds them. Under the flood the kernel may
+/// refuse some (the listener's backlog): the stranger's problem; the count is returned.
+fn idle_connections(addr: &str, n: usize) -> Vec<std::net::TcpStream> {
+    (0..n)
+        .filter_map(|_| std::net::TcpStream::connect(addr).ok())
+        .collect()
+}
+
+#[test]
+fn a_deadlock_is_decided_and_ended_while_strangers_hold_two_thousand_idle_connections_to_the_coordinator_and_to_metrics(
+) {
+    let py = require!(python());
+    raise_open_file_limit(8192);
+    let dir = tempfile::tempdir().expect("dir");
+    let token = private_token(dir.path());
+    let master_port = free_port();
+    let coordinator = format!("127.0.0.1:{}", master_port + 1);
+    let master_port = master_port.to_string();
+    let mut run = HangwatchRun::start(
+        &[
+            "--host-coordinator",
+            "--token-file",
+            &token,
+            "--nnodes",
+            "1",
+            "--node-name",
+            "solo",
+            "--nproc",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            &master_port,
+            "--metrics",
+            "127.0.0.1:0",
+            "--stall-after",
+            "3s",
+        ],
+        &rank_job(
+            py,
+            &[
+                "--step-time",
+                "0.1",
+                "--behaviour",
+                "lock",
+                "--after",
+                "250",
+                "--only-rank",
+                "1",
+            ],
+        ),
+    );
+    assert!(
+        run.wait_for_stderr(Duration::from_secs(30), |l| l
+            .contains("joined the coordinator")),
+        "{}",
+        run.stderr_text()
+    );
+    let metrics = lock(&run.stderr)
+        .iter()
+        .find_map(|l| {
+            let rest = l.split("metrics on http://").nth(1)?;
+            Some(rest.strip_suffix("/metrics")?.to_string())
+        })
+        .expect("the metrics address");
+    // Rank 1 deadlocks after 250 steps (about 25 s); the strangers are in place well before.
+    let flood = std::thread::spawn(move || idle_connections(&metrics, 2000));
+    let at_coordinator = idle_connections(&coordinator, 2000);
+    let at_metrics = flood.join().expect("flood");
+    assert!(
+        run.running(),
+        "the strangers were to be in place before the hang: {}",
+        run.stderr_text()
+    );
+    assert!(
+        at_coordinator.len() >= 1000 && at_metrics.len() >= 1000,
+        "the flood did not happen: {} and {} connections",
+        at_coordinator.len(),
+        at_metrics.len()
+    );
+    let end = run.finish(Duration::from_secs(90));
+    end.assert_code(75);
+    // The roll call read where each rank waits (rank 1 on the lock in load_batch, rank 0 in the barrier).
+    let summary = end.json["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.contains("load_batch") && summary.contains("barrier"),
+        "{}",
+        end.describe()
+    );
+    // A deadlock at about 25 s, a 3 s threshold, the roll call and the ending: within a minute, as without the
+    // strangers.
+    assert!(
+        end.took < Duration::from_secs(60),
+        "the hang was decided late: {}",
+        end.describe()
+    );
+    drop((at_coordinator, at_metrics));
+}
 
 #[test]
 fn a_squatted_hosted_coordinator_port_leaves_every_node_deciding_alone_and_the_squatter_learns_nothing(
@@ -39,10 +163,7 @@ fn a_squatted_hosted_coordinator_port_leaves_every_node_deciding_alone_and_the_s
         }
     });
     let dir = tempfile::tempdir().expect("dir");
-    let token = dir.path().join("token");
-    std::fs::write(&token, TOKEN).expect("token");
-    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let token = token.to_string_lossy().into_owned();
+    let token = private_token(dir.path());
     // The hosted coordinator takes the port after the master port.
     let master_port = (port - 1).to_string();
     let job = vec![
