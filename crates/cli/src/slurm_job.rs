@@ -1,0 +1,571 @@
+//! A Slurm job as Slurm's JSON describes it (`scontrol --json show job`, Slurm 23.02+; `squeue --json`, 21.08+)
+//! and the `sbatch` options that submit it again as it was asked for. Pure: parsing and option building only;
+//! `requeue.rs` runs the commands.
+//!
+//! The JSON's shape moved between Slurm versions: a number is plain (`30`, or `null` when unset) up to 22.05 and an
+//! object (`{"set":true,"infinite":false,"number":30}`) from 23.02; `shared` is a string (`"none"`) up to 22.05 and
+//! a list from 23.02, where `exclusive` and `oversubscribe` join it; per-TRES fields say `gres:gpu:8` up to 22.05
+//! and `gres/gpu:8` from 23.02. Every field here takes each shape, and one that is missing is unset.
+
+use serde::Deserialize;
+
+/// The most a 32-bit Slurm number is: `INFINITE`; one less is `NO_VAL` (unset). Older Slurm prints them plain.
+const SLURM_INFINITE: i64 = 0xffff_ffff;
+const SLURM_NO_VAL: i64 = 0xffff_fffe;
+/// The same for 16-bit fields (sockets, cores, threads, tasks per core/socket).
+const SLURM_NO_VAL16: u64 = 0xfffe;
+
+/// The document both commands print: `{"jobs": [...], ...}`.
+#[derive(Debug, Deserialize)]
+struct JobsDocument {
+    #[serde(default)]
+    jobs: Vec<JsonJob>,
+}
+
+/// A number as any Slurm version prints it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+enum RawNumber {
+    Plain(i64),
+    Object {
+        #[serde(default)]
+        set: bool,
+        #[serde(default)]
+        infinite: bool,
+        #[serde(default)]
+        number: i64,
+    },
+}
+
+/// What a Slurm number means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Number {
+    Unset,
+    Infinite,
+    Value(i64),
+}
+
+impl Number {
+    fn from_raw(raw: Option<RawNumber>) -> Self {
+        match raw {
+            None => Number::Unset,
+            Some(RawNumber::Plain(SLURM_INFINITE)) => Number::Infinite,
+            Some(RawNumber::Plain(SLURM_NO_VAL)) => Number::Unset,
+            Some(RawNumber::Plain(n)) => Number::Value(n),
+            Some(RawNumber::Object { set: false, .. }) => Number::Unset,
+            Some(RawNumber::Object { infinite: true, .. }) => Number::Infinite,
+            Some(RawNumber::Object { number, .. }) => Number::Value(number),
+        }
+    }
+
+    /// A positive value, the only kind most options take (0 means "not asked for" in Slurm's counts).
+    fn positive(self) -> Option<u64> {
+        match self {
+            Number::Value(n) if n > 0 => u64::try_from(n).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// A flag or list of flags: a string up to 22.05, a list of strings from 23.02 (`mail_type`, `shared`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Words {
+    One(String),
+    Many(Vec<String>),
+    Bool(bool),
+}
+
+impl Words {
+    fn words(&self) -> Vec<String> {
+        match self {
+            Words::One(s) => s
+                .split(',')
+                .map(|w| w.trim().to_string())
+                .filter(|w| !w.is_empty())
+                .collect(),
+            Words::Many(v) => v.iter().map(|w| w.trim().to_string()).collect(),
+            Words::Bool(true) => vec!["true".into()],
+            Words::Bool(false) => Vec::new(),
+        }
+    }
+}
+
+/// A yes/no as any version prints it (a boolean, a number, or `"true"`).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+enum Flag {
+    Bool(bool),
+    Number(i64),
+    Text(FlagText),
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum FlagText {
+    True,
+    False,
+    Yes,
+    No,
+}
+
+impl Flag {
+    fn on(self) -> bool {
+        matches!(
+            self,
+            Flag::Bool(true) | Flag::Text(FlagText::True | FlagText::Yes)
+        ) || matches!(self, Flag::Number(n) if n != 0)
+    }
+}
+
+/// The fields of one job that the next attempt's options come from (docs/requeue.md lists them). Anything missing
+/// is unset; fields not read here are ignored.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+struct JsonJob {
+    job_id: Option<u64>,
+    name: String,
+    partition: String,
+    account: String,
+    qos: String,
+    wckey: String,
+    licenses: String,
+    features: String,
+    prefer: String,
+    cluster_features: String,
+    batch_features: String,
+    resv_name: String,
+    dependency: String,
+    excluded_nodes: String,
+    required_nodes: String,
+    comment: String,
+    container: String,
+    network: String,
+    standard_output: String,
+    standard_error: String,
+    standard_input: String,
+    current_working_directory: String,
+    mail_user: String,
+    mail_type: Option<Words>,
+    shared: Option<Words>,
+    exclusive: Option<Words>,
+    oversubscribe: Option<Flag>,
+    requeue: Option<Flag>,
+    contiguous: Option<Flag>,
+    reboot: Option<Flag>,
+    tres_per_job: String,
+    tres_per_node: String,
+    tres_per_task: String,
+    tres_per_socket: String,
+    cpus_per_tres: String,
+    memory_per_tres: String,
+    tres_bind: String,
+    tres_freq: String,
+    array_job_id: Option<RawNumber>,
+    array_task_id: Option<RawNumber>,
+    het_job_id: Option<RawNumber>,
+    node_count: Option<RawNumber>,
+    tasks: Option<RawNumber>,
+    tasks_per_node: Option<RawNumber>,
+    tasks_per_core: Option<RawNumber>,
+    tasks_per_socket: Option<RawNumber>,
+    cpus_per_task: Option<RawNumber>,
+    threads_per_core: Option<RawNumber>,
+    cores_per_socket: Option<RawNumber>,
+    sockets_per_node: Option<RawNumber>,
+    memory_per_node: Option<RawNumber>,
+    memory_per_cpu: Option<RawNumber>,
+    minimum_tmp_disk_per_node: Option<RawNumber>,
+    time_limit: Option<RawNumber>,
+    time_minimum: Option<RawNumber>,
+    nice: Option<RawNumber>,
+}
+
+/// Why a JSON document gave no job.
+#[derive(Debug, thiserror::Error)]
+pub enum JobJsonError {
+    #[error("not Slurm's job JSON: {0}")]
+    Parse(#[from] serde_json::Error),
+    #[error("job {0} is not in Slurm's answer")]
+    Missing(String),
+}
+
+/// One job, read from Slurm's JSON: what the next attempt is submitted like.
+#[derive(Debug, Clone)]
+pub struct SlurmJobJson {
+    job: JsonJob,
+}
+
+impl SlurmJobJson {
+    /// Job `id` out of a document of `scontrol --json show job` or `squeue --json` (which, up to 22.05, lists every
+    /// job whatever it was asked for).
+    pub fn parse(text: &str, id: &str) -> Result<Self, JobJsonError> {
+        let doc: JobsDocument = serde_json::from_str(text)?;
+        let wanted: Option<u64> = id.trim().parse().ok();
+        doc.jobs
+            .into_iter()
+            .find(|j| j.job_id.is_some() && j.job_id == wanted)
+            .map(|job| Self { job })
+            .ok_or_else(|| JobJsonError::Missing(id.to_string()))
+    }
+
+    pub fn comment(&self) -> &str {
+        &self.job.comment
+    }
+
+    /// The nodes this job was submitted without.
+    pub fn excluded(&self) -> Vec<String> {
+        crate::slurm::expand_hosts(&self.job.excluded_nodes)
+    }
+
+    /// A part of a heterogeneous job: only this part's options can be read, the others are lost.
+    pub fn is_heterogeneous(&self) -> bool {
+        Number::from_raw(self.job.het_job_id).positive().is_some()
+    }
+
+    /// The `sbatch` options that ask for what this job asked for (table in docs/requeue.md), without the nodes in
+    /// `excluded` (they leave `--nodelist`; `--exclude` is the caller's). The comment, `--open-mode` and
+    /// `--exclude` are the caller's.
+    pub fn options(&self, excluded: &[String]) -> Vec<String> {
+        let j = &self.job;
+        let mut out = Vec::new();
+        let mut text = |flag: &str, value: &str| {
+            let value = value.trim();
+            if !value.is_empty() && value != "(null)" {
+                out.push(format!("{flag}={value}"));
+            }
+        };
+        text("--job-name", &j.name);
+        text("--partition", &j.partition);
+        text("--account", &j.account);
+        text("--qos", &j.qos);
+        text("--wckey", &j.wckey);
+        text("--licenses", &j.licenses);
+        text("--constraint", &j.features);
+        text("--prefer", &j.prefer);
+        text("--cluster-constraint", &j.cluster_features);
+        text("--batch", &j.batch_features);
+        text("--reservation", &j.resv_name);
+        text("--dependency", &pending_dependencies(&j.dependency));
+        text("--container", &j.container);
+        text("--network", &j.network);
+        text("--chdir", &j.current_working_directory);
+        text("--output", &j.standard_output);
+        text("--error", &j.standard_error);
+        if j.standard_input != "/dev/null" {
+            text("--input", &j.standard_input);
+        }
+        text("--mail-user", &j.mail_user);
+        let mail: Vec<String> = j.mail_type.as_ref().map(Words::words).unwrap_or_default();
+        let mail: Vec<String> = mail.into_iter().filter(|m| m != "NONE").collect();
+        text("--mail-type", &mail.join(","));
+        let required: Vec<String> = crate::slurm::expand_hosts(&j.required_nodes)
+            .into_iter()
+            .filter(|n| !excluded.contains(n))
+            .collect();
+        text("--nodelist", &required.join(","));
+        text("--gres", &gres_list(&j.tres_per_node).join(","));
+        text("--gpus", &gpu_value(&j.tres_per_job).unwrap_or_default());
+        text(
+            "--gpus-per-task",
+            &gpu_value(&j.tres_per_task).unwrap_or_default(),
+        );
+        text(
+            "--gpus-per-socket",
+            &gpu_value(&j.tres_per_socket).unwrap_or_default(),
+        );
+        text(
+            "--cpus-per-gpu",
+            &gpu_value(&j.cpus_per_tres).unwrap_or_default(),
+        );
+        if let Some(mb) = gpu_value(&j.memory_per_tres) {
+            text("--mem-per-gpu", &format!("{mb}M"));
+        }
+        text("--gpu-bind", &gpu_value(&j.tres_bind).unwrap_or_default());
+        text("--gpu-freq", &gpu_value(&j.tres_freq).unwrap_or_default());
+
+        let mut count = |flag: &str, raw: Option<RawNumber>, limit: u64| {
+            if let Some(n) = Number::from_raw(raw).positive().filter(|n| *n < limit) {
+                out.push(format!("{flag}={n}"));
+            }
+        };
+        count("--nodes", j.node_count, u64::MAX);
+        count("--ntasks", j.tasks, u64::MAX);
+        count("--ntasks-per-node", j.tasks_per_node, u64::MAX);
+        count("--ntasks-per-core", j.tasks_per_core, SLURM_NO_VAL16);
+        count("--ntasks-per-socket", j.tasks_per_socket, SLURM_NO_VAL16);
+        count("--cpus-per-task", j.cpus_per_task, SLURM_NO_VAL16);
+        count("--threads-per-core", j.threads_per_core, SLURM_NO_VAL16);
+        count("--cores-per-socket", j.cores_per_socket, SLURM_NO_VAL16);
+        count("--sockets-per-node", j.sockets_per_node, SLURM_NO_VAL16);
+        // Minutes; an unlimited job asked for no limit (the partition's applies again).
+        count("--time", j.time_limit, u64::MAX);
+        count("--time-min", j.time_minimum, u64::MAX);
+        if let (Number::Value(task), Some(_)) = (
+            Number::from_raw(j.array_task_id),
+            Number::from_raw(j.array_job_id).positive(),
+        ) {
+            // Only the task that hung runs again, with its own index (SLURM_ARRAY_TASK_ID), not the whole array.
+            out.push(format!("--array={task}"));
+        }
+        // Megabytes; 0 ("all of the node's memory") is also what some versions print for "not asked", so it is
+        // left to the script's #SBATCH lines.
+        if let Some(mb) = Number::from_raw(j.memory_per_node).positive() {
+            out.push(format!("--mem={mb}M"));
+        }
+        if let Some(mb) = Number::from_raw(j.memory_per_cpu).positive() {
+            out.push(format!("--mem-per-cpu={mb}M"));
+        }
+        if let Some(mb) = Number::from_raw(j.minimum_tmp_disk_per_node).positive() {
+            out.push(format!("--tmp={mb}M"));
+        }
+        if let Number::Value(n) = Number::from_raw(j.nice) {
+            if n != 0 {
+                out.push(format!("--nice={n}"));
+            }
+        }
+        out.extend(sharing(j));
+        let on = |f: Option<Flag>| f.is_some_and(Flag::on);
+        if on(j.contiguous) {
+            out.push("--contiguous".into());
+        }
+        if on(j.reboot) {
+            out.push("--reboot".into());
+        }
+        match j.requeue {
+            Some(f) if f.on() => out.push("--requeue".into()),
+            // Asked not to be requeued: the next attempt asks the same, whatever the cluster's default.
+            Some(_) => out.push("--no-requeue".into()),
+            None => {}
+        }
+        out
+    }
+}
+
+/// `--exclusive[=user|mcs]` or `--oversubscribe`, from `shared` (a string up to 22.05: `none` is exclusive) or
+/// `shared`/`exclusive`/`oversubscribe` (from 23.02).
+fn sharing(j: &JsonJob) -> Option<String> {
+    let mut words: Vec<String> = Vec::new();
+    for w in [&j.shared, &j.exclusive].into_iter().flatten() {
+        words.extend(w.words().into_iter().map(|s| s.to_ascii_lowercase()));
+    }
+    let has = |w: &str| words.iter().any(|x| x == w);
+    if has("user") {
+        Some("--exclusive=user".into())
+    } else if has("mcs") {
+        Some("--exclusive=mcs".into())
+    } else if has("topo") {
+        Some("--exclusive=topo".into())
+    } else if has("none") || has("true") || has("exclusive") {
+        Some("--exclusive".into())
+    } else if has("oversubscribe") || has("yes") || j.oversubscribe.is_some_and(Flag::on) {
+        Some("--oversubscribe".into())
+    } else {
+        None
+    }
+}
+
+/// The dependencies still to wait for, without Slurm's status notes (`afterok:12(unfulfilled)`): those already
+/// met are gone from the list by the time a job runs.
+fn pending_dependencies(dependency: &str) -> String {
+    let mut out = String::new();
+    let mut skip = false;
+    for c in dependency.trim().chars() {
+        match c {
+            '(' => skip = true,
+            ')' => skip = false,
+            _ if !skip => out.push(c),
+            _ => {}
+        }
+    }
+    if out == "(null)" {
+        String::new()
+    } else {
+        out
+    }
+}
+
+/// The entries of a per-TRES field without their `gres:`/`gres/` prefix: `gres:gpu:8,gres/shard:2` ->
+/// `gpu:8 shard:2`.
+fn gres_list(field: &str) -> Vec<String> {
+    field
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty() && *e != "(null)")
+        .map(|e| {
+            e.strip_prefix("gres:")
+                .or_else(|| e.strip_prefix("gres/"))
+                .unwrap_or(e)
+                .to_string()
+        })
+        .collect()
+}
+
+/// The GPU entry's value of a per-TRES field, as the `--gpus*` options take it: `gres:gpu:a100:2` -> `a100:2`,
+/// `gres/gpu:4` -> `4`.
+fn gpu_value(field: &str) -> Option<String> {
+    gres_list(field)
+        .into_iter()
+        .find_map(|e| e.strip_prefix("gpu:").map(str::to_string))
+        .filter(|v| !v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `squeue --json` recorded on the test cluster (Slurm 22.05.8; origin in `tests/fixtures/README.md`):
+    /// job 5 is task 3 of array job 4, submitted with `-J "train job" --array=3,5 -N1 --ntasks-per-node=1
+    /// --exclusive --constraint='fast&ib' --mem-per-cpu=100M --reservation=hwres --time=00:30:00 --requeue
+    /// --nice=5 --exclude=n3 --comment='my run' -o /tmp/rqj/a-%A_%a.out`; the document lists every job.
+    const SQUEUE_22_05: &str = include_str!("../tests/fixtures/squeue-json-slurm-22.05.8.json");
+
+    /// The same job as Slurm 23.02+ prints it: numbers as objects, `shared` as a list, `exclusive`, `mail_type` as
+    /// a list, `gres/` TRES. Written after the data_parser's shape (no 23.02 cluster here), with GPUs added.
+    const SCONTROL_23: &str = include_str!("../tests/fixtures/scontrol-json-slurm-23-shape.json");
+
+    #[test]
+    fn a_recorded_22_05_job_keeps_every_option_it_was_submitted_with() {
+        let job = SlurmJobJson::parse(SQUEUE_22_05, "5").expect("job 5 in the recording");
+        assert_eq!(job.comment(), "my run");
+        assert_eq!(job.excluded(), vec!["n3"]);
+        assert!(!job.is_heterogeneous());
+        assert_eq!(
+            job.options(&[]),
+            [
+                "--job-name=train job",
+                "--partition=debug",
+                "--constraint=fast&ib",
+                "--reservation=hwres",
+                "--chdir=/tmp/rqj",
+                "--output=/tmp/rqj/a-%A_%a.out",
+                "--nodes=1",
+                "--ntasks=1",
+                "--ntasks-per-node=1",
+                "--time=30",
+                "--array=3",
+                "--mem-per-cpu=100M",
+                "--nice=5",
+                "--exclusive",
+                "--requeue",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_newer_shape_with_objects_lists_and_gpus_gives_the_same_options() {
+        let job = SlurmJobJson::parse(SCONTROL_23, "5").expect("job 5");
+        let options = job.options(&["n2".to_string()]);
+        for expected in [
+            "--job-name=train job",
+            "--constraint=fast&ib",
+            "--reservation=hwres",
+            "--dependency=afterok:3",
+            "--mail-user=a@b",
+            "--mail-type=END,FAIL",
+            "--nodelist=n1",
+            "--gres=gpu:8",
+            "--gpus=a100:16",
+            "--gpus-per-task=1",
+            "--cpus-per-gpu=4",
+            "--mem-per-gpu=20000M",
+            "--nodes=2",
+            "--ntasks-per-node=8",
+            "--cpus-per-task=4",
+            "--time=30",
+            "--array=3",
+            "--mem-per-cpu=100M",
+            "--exclusive",
+            "--requeue",
+        ] {
+            assert!(
+                options.iter().any(|o| o == expected),
+                "{expected} not in {options:#?}"
+            );
+        }
+        assert!(
+            !options
+                .iter()
+                .any(|o| o.starts_with("--time-min") || o.starts_with("--mem=")),
+            "unset numbers ({{\"set\": false}}) make no option: {options:#?}"
+        );
+    }
+
+    #[test]
+    fn numbers_in_every_shape() {
+        let n = |json: &str| Number::from_raw(serde_json::from_str(json).expect("number"));
+        assert_eq!(n("30"), Number::Value(30));
+        assert_eq!(n("null"), Number::Unset);
+        assert_eq!(n("4294967294"), Number::Unset);
+        assert_eq!(n("4294967295"), Number::Infinite);
+        assert_eq!(
+            n(r#"{"set":true,"infinite":false,"number":30}"#),
+            Number::Value(30)
+        );
+        assert_eq!(
+            n(r#"{"set":false,"infinite":false,"number":0}"#),
+            Number::Unset
+        );
+        assert_eq!(
+            n(r#"{"set":true,"infinite":true,"number":0}"#),
+            Number::Infinite
+        );
+    }
+
+    #[test]
+    fn sharing_in_every_shape() {
+        let with = |json: &str| {
+            let job: JsonJob = serde_json::from_str(json).expect("job");
+            sharing(&job)
+        };
+        assert_eq!(with(r#"{"shared":"none"}"#).as_deref(), Some("--exclusive"));
+        assert_eq!(
+            with(r#"{"shared":"user"}"#).as_deref(),
+            Some("--exclusive=user")
+        );
+        assert_eq!(with(r#"{"shared":null}"#), None);
+        assert_eq!(
+            with(r#"{"shared":[],"exclusive":["true"]}"#).as_deref(),
+            Some("--exclusive")
+        );
+        assert_eq!(
+            with(r#"{"shared":["oversubscribe"]}"#).as_deref(),
+            Some("--oversubscribe")
+        );
+        assert_eq!(
+            with(r#"{"shared":[],"exclusive":[],"oversubscribe":true}"#).as_deref(),
+            Some("--oversubscribe")
+        );
+        assert_eq!(with(r#"{"shared":[],"exclusive":false}"#), None);
+    }
+
+    #[test]
+    fn dependencies_lose_their_status_notes_and_gpus_their_prefix() {
+        assert_eq!(
+            pending_dependencies("afterok:12(unfulfilled),afterany:13(unfulfilled)"),
+            "afterok:12,afterany:13"
+        );
+        assert_eq!(pending_dependencies("singleton(unfulfilled)"), "singleton");
+        assert_eq!(pending_dependencies(""), "");
+        assert_eq!(gres_list("gres:gpu:8,gres/shard:2"), ["gpu:8", "shard:2"]);
+        assert_eq!(gpu_value("gres/gpu:a100:2").as_deref(), Some("a100:2"));
+        assert_eq!(gpu_value("gres:shard:2"), None);
+    }
+
+    #[test]
+    fn a_job_not_in_the_answer_or_not_json_is_an_error() {
+        assert!(matches!(
+            SlurmJobJson::parse(SQUEUE_22_05, "99"),
+            Err(JobJsonError::Missing(_))
+        ));
+        assert!(matches!(
+            SlurmJobJson::parse("scontrol: error", "5"),
+            Err(JobJsonError::Parse(_))
+        ));
+        // A required node that is now excluded leaves the node list.
+        let job: JsonJob =
+            serde_json::from_str(r#"{"job_id":1,"required_nodes":"n[1-2]"}"#).expect("job");
+        let options = SlurmJobJson { job }.options(&["n2".to_string()]);
+        assert_eq!(options, ["--nodelist=n1"]);
+    }
+}
