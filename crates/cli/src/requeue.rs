@@ -191,7 +191,7 @@ fn show_job(id: &str) -> Result<ShownJob, String> {
 /// of `scontrol show job` (which keeps fewer options: [`TEXT_LOSES`]).
 #[derive(Debug, Clone)]
 enum JobSource {
-    Json(SlurmJobJson),
+    Json(Box<SlurmJobJson>),
     Text(ShownJob),
 }
 
@@ -238,7 +238,7 @@ fn read_job(id: &str) -> Result<JobSource, String> {
                              submitted with this part's options only"
                         ));
                     }
-                    return Ok(JobSource::Json(job));
+                    return Ok(JobSource::Json(Box::new(job)));
                 }
                 Err(e) => why.push(format!("{program} --json: {e}")),
             },
@@ -769,7 +769,7 @@ mod tests {
     #[test]
     fn from_slurms_json_the_next_attempt_keeps_the_options_the_text_loses() {
         let json = include_str!("../tests/fixtures/squeue-json-slurm-22.05.8.json");
-        let shown = JobSource::Json(SlurmJobJson::parse(json, "5").expect("job 5"));
+        let shown = JobSource::Json(Box::new(SlurmJobJson::parse(json, "5").expect("job 5")));
         let job = SlurmJob {
             id: "5".into(),
             restart_count: 0,
