@@ -7,7 +7,7 @@
 //! a list from 23.02, where `exclusive` and `oversubscribe` join it; per-TRES fields say `gres:gpu:8` up to 22.05
 //! and `gres/gpu:8` from 23.02. Every field here takes each shape, and one that is missing is unset.
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 /// The most a 32-bit Slurm number is: `INFINITE`; one less is `NO_VAL` (unset). Older Slurm prints them plain.
 const SLURM_INFINITE: i64 = 0xffff_ffff;
@@ -35,6 +35,8 @@ enum RawNumber {
         #[serde(default)]
         number: i64,
     },
+    /// A shape no version printed so far: unset, rather than the whole job unreadable.
+    Other(serde::de::IgnoredAny),
 }
 
 /// What a Slurm number means.
@@ -55,6 +57,7 @@ impl Number {
             Some(RawNumber::Object { set: false, .. }) => Number::Unset,
             Some(RawNumber::Object { infinite: true, .. }) => Number::Infinite,
             Some(RawNumber::Object { number, .. }) => Number::Value(number),
+            Some(RawNumber::Other(_)) => Number::Unset,
         }
     }
 
@@ -74,6 +77,7 @@ enum Words {
     One(String),
     Many(Vec<String>),
     Bool(bool),
+    Other(serde::de::IgnoredAny),
 }
 
 impl Words {
@@ -86,7 +90,7 @@ impl Words {
                 .collect(),
             Words::Many(v) => v.iter().map(|w| w.trim().to_string()).collect(),
             Words::Bool(true) => vec!["true".into()],
-            Words::Bool(false) => Vec::new(),
+            Words::Bool(false) | Words::Other(_) => Vec::new(),
         }
     }
 }
@@ -98,6 +102,7 @@ enum Flag {
     Bool(bool),
     Number(i64),
     Text(FlagText),
+    Other(serde::de::IgnoredAny),
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -118,34 +123,63 @@ impl Flag {
     }
 }
 
+/// A string field: `null`, a number or an unexpected shape read as text (or nothing), so that one odd field does
+/// not make the whole job unreadable.
+#[derive(Debug, Clone, Default)]
+struct Text(String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Text(String),
+            Number(i64),
+            Other(serde::de::IgnoredAny),
+        }
+        Ok(Text(match Raw::deserialize(d)? {
+            Raw::Text(s) => s,
+            Raw::Number(n) => n.to_string(),
+            Raw::Other(_) => String::new(),
+        }))
+    }
+}
+
+impl std::ops::Deref for Text {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
 /// The fields of one job that the next attempt's options come from (docs/requeue.md lists them). Anything missing
 /// is unset; fields not read here are ignored.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 struct JsonJob {
     job_id: Option<u64>,
-    name: String,
-    partition: String,
-    account: String,
-    qos: String,
-    wckey: String,
-    licenses: String,
-    features: String,
-    prefer: String,
-    cluster_features: String,
-    batch_features: String,
-    resv_name: String,
-    dependency: String,
-    excluded_nodes: String,
-    required_nodes: String,
-    comment: String,
-    container: String,
-    network: String,
-    standard_output: String,
-    standard_error: String,
-    standard_input: String,
-    current_working_directory: String,
-    mail_user: String,
+    name: Text,
+    partition: Text,
+    account: Text,
+    qos: Text,
+    wckey: Text,
+    licenses: Text,
+    features: Text,
+    prefer: Text,
+    cluster_features: Text,
+    batch_features: Text,
+    resv_name: Text,
+    dependency: Text,
+    excluded_nodes: Text,
+    required_nodes: Text,
+    comment: Text,
+    container: Text,
+    network: Text,
+    standard_output: Text,
+    standard_error: Text,
+    standard_input: Text,
+    current_working_directory: Text,
+    mail_user: Text,
     mail_type: Option<Words>,
     shared: Option<Words>,
     exclusive: Option<Words>,
@@ -153,14 +187,14 @@ struct JsonJob {
     requeue: Option<Flag>,
     contiguous: Option<Flag>,
     reboot: Option<Flag>,
-    tres_per_job: String,
-    tres_per_node: String,
-    tres_per_task: String,
-    tres_per_socket: String,
-    cpus_per_tres: String,
-    memory_per_tres: String,
-    tres_bind: String,
-    tres_freq: String,
+    tres_per_job: Text,
+    tres_per_node: Text,
+    tres_per_task: Text,
+    tres_per_socket: Text,
+    cpus_per_tres: Text,
+    memory_per_tres: Text,
+    tres_bind: Text,
+    tres_freq: Text,
     array_job_id: Option<RawNumber>,
     array_task_id: Option<RawNumber>,
     het_job_id: Option<RawNumber>,
@@ -252,7 +286,7 @@ impl SlurmJobJson {
         text("--chdir", &j.current_working_directory);
         text("--output", &j.standard_output);
         text("--error", &j.standard_error);
-        if j.standard_input != "/dev/null" {
+        if &*j.standard_input != "/dev/null" {
             text("--input", &j.standard_input);
         }
         text("--mail-user", &j.mail_user);
@@ -333,10 +367,10 @@ impl SlurmJobJson {
             out.push("--reboot".into());
         }
         match j.requeue {
+            Some(Flag::Other(_)) | None => {}
             Some(f) if f.on() => out.push("--requeue".into()),
             // Asked not to be requeued: the next attempt asks the same, whatever the cluster's default.
             Some(_) => out.push("--no-requeue".into()),
-            None => {}
         }
         out
     }
@@ -550,6 +584,16 @@ mod tests {
         assert_eq!(gres_list("gres:gpu:8,gres/shard:2"), ["gpu:8", "shard:2"]);
         assert_eq!(gpu_value("gres/gpu:a100:2").as_deref(), Some("a100:2"));
         assert_eq!(gpu_value("gres:shard:2"), None);
+    }
+
+    #[test]
+    fn nulls_and_shapes_never_seen_make_a_field_unset_not_the_job_unreadable() {
+        let text = r#"{"jobs":[{"job_id":9,"name":null,"partition":"gpu","comment":{"job":"x"},
+            "features":["a"],"time_limit":"soon","requeue":{"x":1},"shared":{"y":2},"nice":null,
+            "tasks":7}]}"#;
+        let job = SlurmJobJson::parse(text, "9").expect("job 9");
+        assert_eq!(job.options(&[]), ["--partition=gpu", "--ntasks=7"]);
+        assert_eq!(job.comment(), "");
     }
 
     #[test]
