@@ -793,7 +793,7 @@ mod tests {
         assert_eq!(
             shells[1],
             "sbatch --parsable '--job-name=train job' --partition=debug '--constraint=fast&ib' \
-             --reservation=hwres --chdir=/tmp/rqj --output=/tmp/rqj/a-%A_%a.out --nodes=1 --ntasks=1 \
+             --reservation=hwres --chdir=/tmp/rqj --output=/tmp/rqj/a-4_3.out --nodes=1 --ntasks=1 \
              --ntasks-per-node=1 --time=30 --array=3 --mem-per-cpu=100M --nice=5 --exclusive --requeue \
              --open-mode=append --exclude=n3,n2 '--comment=my run hangwatch: attempt=1 \
              kind=blocked_in_kernel step=7 without_progress=1 excluded=n2 cause=rank 1' \

@@ -180,6 +180,8 @@ struct JsonJob {
     standard_input: Text,
     current_working_directory: Text,
     mail_user: Text,
+    user_name: Text,
+    batch_host: Text,
     mail_type: Option<Words>,
     shared: Option<Words>,
     exclusive: Option<Words>,
@@ -284,8 +286,8 @@ impl SlurmJobJson {
         text("--container", &j.container);
         text("--network", &j.network);
         text("--chdir", &j.current_working_directory);
-        text("--output", &j.standard_output);
-        text("--error", &j.standard_error);
+        text("--output", &self.output_file(&j.standard_output, true));
+        text("--error", &self.output_file(&j.standard_error, false));
         if &*j.standard_input != "/dev/null" {
             text("--input", &j.standard_input);
         }
@@ -373,6 +375,81 @@ impl SlurmJobJson {
             Some(_) => out.push("--no-requeue".into()),
         }
         out
+    }
+}
+
+impl SlurmJobJson {
+    /// The file this job writes its output (or error) to, as a path the next attempt can append to: Slurm's
+    /// JSON gives the pattern as asked (`o-%j.out`, empty for the default `slurm-%j.out`), and the next attempt has
+    /// another job id, so the pattern is filled in with this job's values. An empty error file stays empty (it is
+    /// the output file).
+    fn output_file(&self, pattern: &str, is_output: bool) -> String {
+        let j = &self.job;
+        let array = Number::from_raw(j.array_job_id).positive().is_some();
+        let pattern = match pattern.trim() {
+            // No directory to put Slurm's default in: Slurm's default it is.
+            "" if !is_output || j.current_working_directory.is_empty() => return String::new(),
+            "" if array => "slurm-%A_%a.out",
+            "" => "slurm-%j.out",
+            p => p,
+        };
+        let number = |raw: Option<RawNumber>| match Number::from_raw(raw) {
+            Number::Value(n) => n.to_string(),
+            _ => String::new(),
+        };
+        let job_id = j.job_id.map(|n| n.to_string()).unwrap_or_default();
+        let array_job = if array {
+            number(j.array_job_id)
+        } else {
+            job_id.clone()
+        };
+        let task = if array {
+            number(j.array_task_id)
+        } else {
+            "4294967294".to_string()
+        };
+        let node = j
+            .batch_host
+            .split('.')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let mut out = String::new();
+        let mut chars = pattern.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c != '%' {
+                out.push(c);
+                continue;
+            }
+            let mut width = String::new();
+            while let Some(d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+                width.push(*d);
+                chars.next();
+            }
+            let value = match chars.next() {
+                Some('%') => "%".to_string(),
+                Some('A') => array_job.clone(),
+                Some('a') => task.clone(),
+                Some('j' | 'J') => job_id.clone(),
+                Some('x') => j.name.to_string(),
+                Some('u') => j.user_name.to_string(),
+                Some('N') => node.clone(),
+                Some('n' | 't') => "0".to_string(),
+                Some('s') => "batch".to_string(),
+                Some(other) => format!("%{width}{other}"),
+                None => "%".to_string(),
+            };
+            let width: usize = width.parse().unwrap_or(0);
+            out.push_str(&format!("{value:0>width$}"));
+        }
+        if out.starts_with('/') || j.current_working_directory.is_empty() {
+            out
+        } else {
+            format!(
+                "{}/{out}",
+                j.current_working_directory.trim_end_matches('/')
+            )
+        }
     }
 }
 
@@ -472,7 +549,7 @@ mod tests {
                 "--constraint=fast&ib",
                 "--reservation=hwres",
                 "--chdir=/tmp/rqj",
-                "--output=/tmp/rqj/a-%A_%a.out",
+                "--output=/tmp/rqj/a-4_3.out",
                 "--nodes=1",
                 "--ntasks=1",
                 "--ntasks-per-node=1",
@@ -594,6 +671,43 @@ mod tests {
         let job = SlurmJobJson::parse(text, "9").expect("job 9");
         assert_eq!(job.options(&[]), ["--partition=gpu", "--ntasks=7"]);
         assert_eq!(job.comment(), "");
+    }
+
+    #[test]
+    fn output_patterns_name_this_jobs_files_so_the_next_attempt_appends_to_them() {
+        let job = |json: &str| SlurmJobJson::parse(json, "12").expect("job 12");
+        let output = |json: &str| {
+            job(json)
+                .options(&[])
+                .into_iter()
+                .filter(|o| o.starts_with("--output=") || o.starts_with("--error="))
+                .collect::<Vec<_>>()
+        };
+        // Slurm's default (an empty field), as scontrol show job prints it.
+        assert_eq!(
+            output(
+                r#"{"jobs":[{"job_id":12,"current_working_directory":"/home/u","standard_output":""}]}"#
+            ),
+            ["--output=/home/u/slurm-12.out"]
+        );
+        assert_eq!(
+            output(
+                r#"{"jobs":[{"job_id":12,"array_job_id":10,"array_task_id":2,
+                    "current_working_directory":"/home/u/","standard_output":""}]}"#
+            ),
+            ["--output=/home/u/slurm-10_2.out"]
+        );
+        assert_eq!(
+            output(
+                r#"{"jobs":[{"job_id":12,"name":"train","user_name":"ann","batch_host":"n4.cluster",
+                    "current_working_directory":"/w","standard_output":"logs/%x-%j-%u-%N-%5j-%%.out",
+                    "standard_error":"/e/%j.err"}]}"#
+            ),
+            [
+                "--output=/w/logs/train-12-ann-n4-00012-%.out",
+                "--error=/e/12.err"
+            ]
+        );
     }
 
     #[test]

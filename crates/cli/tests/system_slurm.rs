@@ -645,6 +645,8 @@ fn a_requeued_job_keeps_its_constraint_exclusivity_memory_per_cpu_reservation_an
         ("TimeLimit", "00:20:00"),
         ("ArrayTaskId", "2"),
         ("Requeue", "1"),
+        // The same output file, appended to.
+        ("StdOut", &out.join("batch.out").display().to_string()),
     ] {
         assert_eq!(
             SlurmCluster::field(&one, field).as_deref(),
