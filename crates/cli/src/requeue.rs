@@ -238,6 +238,17 @@ fn read_job(id: &str) -> Result<JobSource, String> {
                              submitted with this part's options only"
                         ));
                     }
+                    let job = if job.lacks_mail() {
+                        // 22.05's JSON has no mail settings; its text does.
+                        match show_job(id) {
+                            Ok(shown) => {
+                                job.with_mail(shown.get("MailUser"), shown.get("MailType"))
+                            }
+                            Err(_) => job,
+                        }
+                    } else {
+                        job
+                    };
                     return Ok(JobSource::Json(Box::new(job)));
                 }
                 Err(e) => why.push(format!("{program} --json: {e}")),

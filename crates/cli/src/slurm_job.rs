@@ -254,6 +254,23 @@ impl SlurmJobJson {
         crate::slurm::expand_hosts(&self.job.excluded_nodes)
     }
 
+    /// Whether this Slurm's JSON has no mail settings (22.05 prints neither `mail_type` nor `mail_user`): they
+    /// are then taken from `scontrol show job` ([`SlurmJobJson::with_mail`]).
+    pub fn lacks_mail(&self) -> bool {
+        self.job.mail_type.is_none() && self.job.mail_user.is_empty()
+    }
+
+    /// The mail settings as `scontrol show job` prints them (`MailUser=a@b MailType=END,FAIL`).
+    pub fn with_mail(mut self, user: Option<&str>, types: Option<&str>) -> Self {
+        if let Some(user) = user {
+            self.job.mail_user = Text(user.to_string());
+        }
+        if let Some(types) = types {
+            self.job.mail_type = Some(Words::One(types.to_string()));
+        }
+        self
+    }
+
     /// A part of a heterogeneous job: only this part's options can be read, the others are lost.
     pub fn is_heterogeneous(&self) -> bool {
         Number::from_raw(self.job.het_job_id).positive().is_some()
@@ -708,6 +725,24 @@ mod tests {
                 "--error=/e/12.err"
             ]
         );
+    }
+
+    #[test]
+    fn mail_settings_missing_from_22_05s_json_come_from_the_text() {
+        let job = SlurmJobJson::parse(SQUEUE_22_05, "5").expect("job 5");
+        assert!(job.lacks_mail());
+        let options = job.with_mail(Some("a@b"), Some("END,FAIL")).options(&[]);
+        assert!(
+            options.iter().any(|o| o == "--mail-user=a@b"),
+            "{options:?}"
+        );
+        assert!(
+            options.iter().any(|o| o == "--mail-type=END,FAIL"),
+            "{options:?}"
+        );
+        assert!(!SlurmJobJson::parse(SCONTROL_23, "5")
+            .expect("job 5")
+            .lacks_mail());
     }
 
     #[test]

@@ -562,7 +562,8 @@ fn scontrol_admin(cluster: &SlurmCluster, args: &[&str]) {
 }
 
 #[test]
-fn a_requeued_job_keeps_its_constraint_exclusivity_memory_per_cpu_reservation_and_array_task() {
+fn a_requeued_job_keeps_its_constraint_exclusivity_memory_per_cpu_reservation_array_task_and_mail()
+{
     let py = require!(python());
     let Some(cluster) = SlurmCluster::start_or_skip(2) else {
         return;
@@ -616,6 +617,8 @@ fn a_requeued_job_keeps_its_constraint_exclusivity_memory_per_cpu_reservation_an
             "--reservation=hw-test",
             "--time=00:20:00",
             "--array=2",
+            "--mail-type=END",
+            "--mail-user=ops@example.org",
         ],
     );
     let output = || std::fs::read_to_string(out.join("batch.out")).unwrap_or_default();
@@ -645,6 +648,8 @@ fn a_requeued_job_keeps_its_constraint_exclusivity_memory_per_cpu_reservation_an
         ("TimeLimit", "00:20:00"),
         ("ArrayTaskId", "2"),
         ("Requeue", "1"),
+        ("MailType", "END"),
+        ("MailUser", "ops@example.org"),
         // The same output file, appended to.
         ("StdOut", &out.join("batch.out").display().to_string()),
     ] {
