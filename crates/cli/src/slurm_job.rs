@@ -581,6 +581,25 @@ mod tests {
     }
 
     #[test]
+    fn recorded_gpu_requests_are_kept() {
+        let json = include_str!("../tests/fixtures/squeue-json-slurm-22.05.8-gpus.json");
+        let per_node = SlurmJobJson::parse(json, "1").expect("job 1").options(&[]);
+        assert!(per_node.iter().any(|o| o == "--gres=gpu:2"), "{per_node:?}");
+        let per_job = SlurmJobJson::parse(json, "2").expect("job 2").options(&[]);
+        for expected in [
+            "--gpus=1",
+            "--gpus-per-task=1",
+            "--cpus-per-gpu=1",
+            "--mem-per-gpu=100M",
+        ] {
+            assert!(
+                per_job.iter().any(|o| o == expected),
+                "{expected} not in {per_job:?}"
+            );
+        }
+    }
+
+    #[test]
     fn the_newer_shape_with_objects_lists_and_gpus_gives_the_same_options() {
         let job = SlurmJobJson::parse(SCONTROL_23, "5").expect("job 5");
         let options = job.options(&["n2".to_string()]);
