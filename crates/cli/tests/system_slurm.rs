@@ -22,7 +22,8 @@ struct SlurmCluster {
 }
 
 impl SlurmCluster {
-    fn start(nodes: u32) -> Result<SlurmCluster, String> {
+    /// A cluster whose nodes have `gpus` GPUs each (GRES backed by plain files: jobs can ask for `--gpus*`).
+    fn start_with_gpus(nodes: u32, gpus: u32) -> Result<SlurmCluster, String> {
         require_root()?;
         let dir = std::env::temp_dir().join(format!("hangwatch-slurm-test-{}", std::process::id()));
         let cluster = SlurmCluster {
@@ -32,6 +33,7 @@ impl SlurmCluster {
         let out = Command::new("bash")
             .arg(scripts().join("start-slurm.sh"))
             .env("SLURM_NODES", nodes.to_string())
+            .env("SLURM_GPUS", gpus.to_string())
             .env("SLURM_DIR", &cluster.dir)
             // Away from the default ports, where a developer's own cluster may run.
             .env("SLURM_PORT_BASE", "17817")
@@ -50,7 +52,11 @@ impl SlurmCluster {
     /// A cluster of `nodes`, or `None` (the test is skipped, said on stderr) where Slurm cannot run and the
     /// test kit is not strict.
     fn start_or_skip(nodes: u32) -> Option<SlurmCluster> {
-        match SlurmCluster::start(nodes) {
+        SlurmCluster::start_or_skip_with_gpus(nodes, 0)
+    }
+
+    fn start_or_skip_with_gpus(nodes: u32, gpus: u32) -> Option<SlurmCluster> {
+        match SlurmCluster::start_with_gpus(nodes, gpus) {
             Ok(c) => Some(c),
             Err(why) if !hangwatch_testkit::strict_mode() => {
                 eprintln!("SKIPPED: no Slurm here: {why}");
@@ -562,10 +568,9 @@ fn scontrol_admin(cluster: &SlurmCluster, args: &[&str]) {
 }
 
 #[test]
-fn a_requeued_job_keeps_its_constraint_exclusivity_memory_per_cpu_reservation_array_task_and_mail()
-{
+fn a_requeued_job_keeps_every_option_it_was_submitted_with() {
     let py = require!(python());
-    let Some(cluster) = SlurmCluster::start_or_skip(2) else {
+    let Some(cluster) = SlurmCluster::start_or_skip_with_gpus(2, 1) else {
         return;
     };
     // What a real cluster has and this one lacks: node features to constrain on, a reservation to run in. Both
@@ -619,6 +624,9 @@ fn a_requeued_job_keeps_its_constraint_exclusivity_memory_per_cpu_reservation_ar
             "--array=2",
             "--mail-type=END",
             "--mail-user=ops@example.org",
+            "--gpus=1",
+            "--gpus-per-task=1",
+            "--cpus-per-gpu=1",
         ],
     );
     let output = || std::fs::read_to_string(out.join("batch.out")).unwrap_or_default();
@@ -650,6 +658,9 @@ fn a_requeued_job_keeps_its_constraint_exclusivity_memory_per_cpu_reservation_ar
         ("Requeue", "1"),
         ("MailType", "END"),
         ("MailUser", "ops@example.org"),
+        ("TresPerJob", "gres:gpu:1"),
+        ("TresPerTask", "gres:gpu:1"),
+        ("CpusPerTres", "gres:gpu:1"),
         // The same output file, appended to.
         ("StdOut", &out.join("batch.out").display().to_string()),
     ] {
