@@ -179,11 +179,23 @@ impl ShownJob {
 }
 
 fn show_job(id: &str) -> Result<ShownJob, String> {
-    let out = slurm(
+    show_job_with(id, &mut ask_slurm)
+}
+
+/// Runs a Slurm command with hangwatch's environment: the edge that [`read_job_with`] is given.
+fn ask_slurm(program: &str, args: &[String]) -> Result<String, SlurmError> {
+    slurm_call(program, args, None)
+}
+
+/// How a reader asks Slurm: `program` with `args`, its stdout (tests answer as a given Slurm version would).
+type Ask<'a> = dyn FnMut(&str, &[String]) -> Result<String, SlurmError> + 'a;
+
+fn show_job_with(id: &str, ask: &mut Ask) -> Result<ShownJob, String> {
+    let out = ask(
         "scontrol",
         &["show".into(), "job".into(), "-o".into(), id.into()],
-        None,
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     Ok(ShownJob::parse(out.lines().next().unwrap_or_default()))
 }
 
@@ -216,11 +228,21 @@ impl JobSource {
     }
 }
 
+/// This job as Slurm's JSON says it, its warnings said.
+fn read_job(id: &str) -> Result<JobSource, String> {
+    let (job, warnings) = read_job_with(id, &mut ask_slurm)?;
+    for warning in warnings {
+        say(warning);
+    }
+    Ok(job)
+}
+
 /// This job as Slurm's JSON says it: `scontrol --json show job` (Slurm 23.02+), else `squeue --json` (21.08+),
 /// else the text of `scontrol show job`, with a warning naming what may be lost. A Slurm that does not answer is
-/// asked once, not three times.
-fn read_job(id: &str) -> Result<JobSource, String> {
+/// asked once, not three times. Returns the job and the warnings to say.
+fn read_job_with(id: &str, ask: &mut Ask) -> Result<(JobSource, Vec<String>), String> {
     let mut why = Vec::new();
+    let mut warnings = Vec::new();
     let asks: [(&str, Vec<String>); 2] = [
         (
             "scontrol",
@@ -229,18 +251,18 @@ fn read_job(id: &str) -> Result<JobSource, String> {
         ("squeue", vec!["--json".into(), format!("--jobs={id}")]),
     ];
     for (program, args) in asks {
-        match slurm_call(program, &args, None) {
+        match ask(program, &args) {
             Ok(out) => match SlurmJobJson::parse(&out, id) {
                 Ok(job) => {
                     if job.is_heterogeneous() {
-                        say(format!(
+                        warnings.push(format!(
                             "hangwatch: warning: job {id} is part of a heterogeneous job: the next attempt is \
                              submitted with this part's options only"
                         ));
                     }
                     let job = if job.lacks_mail() {
                         // 22.05's JSON has no mail settings; its text does.
-                        match show_job(id) {
+                        match show_job_with(id, ask) {
                             Ok(shown) => {
                                 job.with_mail(shown.get("MailUser"), shown.get("MailType"))
                             }
@@ -249,7 +271,7 @@ fn read_job(id: &str) -> Result<JobSource, String> {
                     } else {
                         job
                     };
-                    return Ok(JobSource::Json(Box::new(job)));
+                    return Ok((JobSource::Json(Box::new(job)), warnings));
                 }
                 Err(e) => why.push(format!("{program} --json: {e}")),
             },
@@ -260,13 +282,13 @@ fn read_job(id: &str) -> Result<JobSource, String> {
             )),
         }
     }
-    let shown = show_job(id)?;
-    say(format!(
+    let shown = show_job_with(id, ask)?;
+    warnings.push(format!(
         "hangwatch: warning: Slurm gives no JSON of job {id} here ({}); the next attempt is submitted from `scontrol \
          show job` and may lose {TEXT_LOSES}: put those in the batch script as #SBATCH lines",
         why.join("; ")
     ));
-    Ok(JobSource::Text(shown))
+    Ok((JobSource::Text(shown), warnings))
 }
 
 /// While an attempt waits for the storage that hung the one before: the job's comment says so (`still`: the
@@ -810,6 +832,111 @@ mod tests {
              kind=blocked_in_kernel step=7 without_progress=1 excluded=n2 cause=rank 1' \
              /var/tmp/hw/batch-script-5.sh"
         );
+    }
+
+    /// A Slurm of one version, as `read_job_with` asks it: what each command answers, and what was asked.
+    struct FakeSlurm {
+        scontrol_json: Result<String, &'static str>,
+        squeue_json: Result<String, &'static str>,
+        text: Result<String, &'static str>,
+        asked: Vec<String>,
+    }
+
+    impl FakeSlurm {
+        fn ask(&mut self, program: &str, args: &[String]) -> Result<String, SlurmError> {
+            let line = format!("{program} {}", args.join(" "));
+            self.asked.push(line.clone());
+            let answer = match (program, args.first().map(String::as_str)) {
+                ("scontrol", Some("--json")) => &self.scontrol_json,
+                ("squeue", Some("--json")) => &self.squeue_json,
+                ("scontrol", Some("show")) => &self.text,
+                _ => panic!("unexpected {line}"),
+            };
+            match answer {
+                Ok(out) => Ok(out.clone()),
+                Err("timeout") => Err(SlurmError::NoAnswer),
+                Err(e) => Err(SlurmError::Failed(e.to_string())),
+            }
+        }
+
+        fn read(&mut self, id: &str) -> Result<(JobSource, Vec<String>), String> {
+            read_job_with(id, &mut |p: &str, a: &[String]| self.ask(p, a))
+        }
+    }
+
+    const SQUEUE_JSON: &str = include_str!("../tests/fixtures/squeue-json-slurm-22.05.8.json");
+    const SCONTROL_JSON: &str = include_str!("../tests/fixtures/scontrol-json-slurm-23-shape.json");
+
+    #[test]
+    fn slurm_23_answers_scontrol_json_and_nothing_else_is_asked() {
+        let mut slurm = FakeSlurm {
+            scontrol_json: Ok(SCONTROL_JSON.into()),
+            squeue_json: Err("not asked"),
+            text: Err("not asked"),
+            asked: Vec::new(),
+        };
+        let (job, warnings) = slurm.read("5").expect("job");
+        assert!(matches!(job, JobSource::Json(_)));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(slurm.asked, ["scontrol --json show job 5"]);
+    }
+
+    #[test]
+    fn slurm_22_05_answers_squeue_json_and_the_text_for_mail() {
+        let mut slurm = FakeSlurm {
+            scontrol_json: Err("scontrol: unrecognized option '--json'"),
+            squeue_json: Ok(SQUEUE_JSON.into()),
+            text: Ok("JobId=5 JobName=x MailUser=a@b MailType=END".into()),
+            asked: Vec::new(),
+        };
+        let (job, warnings) = slurm.read("5").expect("job");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let JobSource::Json(job) = job else {
+            panic!("not from JSON");
+        };
+        assert!(job.options(&[]).contains(&"--mail-type=END".to_string()));
+        assert_eq!(
+            slurm.asked,
+            [
+                "scontrol --json show job 5",
+                "squeue --json --jobs=5",
+                "scontrol show job -o 5"
+            ]
+        );
+    }
+
+    #[test]
+    fn without_json_the_text_is_used_and_the_warning_names_what_may_be_lost() {
+        let mut slurm = FakeSlurm {
+            scontrol_json: Err("scontrol: unrecognized option '--json'\nTry scontrol --help"),
+            squeue_json: Err("squeue: unrecognized option '--json'"),
+            text: Ok(SHOWN.into()),
+            asked: Vec::new(),
+        };
+        let (job, warnings) = slurm.read("7").expect("job");
+        assert!(matches!(job, JobSource::Text(_)));
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        for said in [
+            "Slurm gives no JSON of job 7",
+            "scontrol --json: scontrol: unrecognized option '--json';",
+            "--constraint, --exclusive, --reservation, --gpus*, --mem-per-cpu, --array, --dependency",
+            "#SBATCH",
+        ] {
+            assert!(warnings[0].contains(said), "{said:?} not in {}", warnings[0]);
+        }
+    }
+
+    #[test]
+    fn a_slurm_that_does_not_answer_is_asked_once() {
+        let mut slurm = FakeSlurm {
+            scontrol_json: Err("timeout"),
+            squeue_json: Ok(SQUEUE_JSON.into()),
+            text: Ok(SHOWN.into()),
+            asked: Vec::new(),
+        };
+        let err = slurm.read("5").map(|_| ()).expect_err("no answer");
+        assert!(err.contains("no answer within 15s"), "{err}");
+        assert_eq!(slurm.asked.len(), 1, "{:?}", slurm.asked);
     }
 
     #[test]
