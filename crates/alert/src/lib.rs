@@ -134,6 +134,30 @@ pub enum AlertError {
 /// Called for every finished delivery (metrics count them).
 pub type DeliveryHook = Box<dyn Fn(&Delivery) + Send + Sync>;
 
+/// Why an alert was not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotSentReason {
+    /// The same alert went out within [`DEDUP_WINDOW`].
+    Repeat,
+    /// [`Limits::max_in_flight`] deliveries were in flight.
+    Dropped,
+}
+
+impl NotSentReason {
+    pub const ALL: [NotSentReason; 2] = [NotSentReason::Repeat, NotSentReason::Dropped];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotSentReason::Repeat => "repeat",
+            NotSentReason::Dropped => "dropped",
+        }
+    }
+}
+
+/// Called for every alert (or delivery) not sent (metrics count them).
+pub type NotSentHook = Box<dyn Fn(NotSentReason) + Send + Sync>;
+
 /// What makes two verdicts the same cause, for [`dedup`]: `hangwatch_history::Fingerprint`'s key where the caller
 /// has it (this crate does not depend on the history for it).
 pub type FingerprintFn = Box<dyn Fn(&Verdict) -> String + Send + Sync>;
@@ -165,6 +189,7 @@ struct Shared {
     in_flight: Mutex<usize>,
     finished: Condvar,
     hook: Mutex<Option<DeliveryHook>>,
+    not_sent_hook: Mutex<Option<NotSentHook>>,
     repeats: AtomicU64,
     dropped: AtomicU64,
     forgotten: AtomicU64,
@@ -260,6 +285,11 @@ impl Alerter {
         *lock(&self.shared.hook) = Some(hook);
     }
 
+    /// `hook` is called for each alert not sent (a repeat) or delivery dropped from then on.
+    pub fn on_not_sent(&self, hook: NotSentHook) {
+        *lock(&self.shared.not_sent_hook) = Some(hook);
+    }
+
     /// Sends `alert` to every target, each in a thread of its own; returns at once. The same alert (job, stage,
     /// fingerprint, what was done) sent within [`DEDUP_WINDOW`] is a repeat: counted and logged, not sent.
     pub fn send(&self, alert: &Alert) -> Admit {
@@ -270,6 +300,7 @@ impl Alerter {
         let admit = lock(&self.dedup).admit(&key, Instant::now());
         if let Admit::Repeat { sent_ago } = admit {
             self.shared.repeats.fetch_add(1, Ordering::Relaxed);
+            self.shared.not_sent(NotSentReason::Repeat);
             tracing::info!(
                 stage = alert.stage.as_str(),
                 kind = alert.verdict.kind.as_str(),
@@ -352,6 +383,7 @@ impl Alerter {
             let mut in_flight = lock(&self.shared.in_flight);
             if *in_flight >= self.limits.max_in_flight {
                 let dropped = self.shared.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+                self.shared.not_sent(NotSentReason::Dropped);
                 tracing::warn!(
                     target = target.as_str(),
                     in_flight = *in_flight,
@@ -386,6 +418,12 @@ impl Alerter {
 }
 
 impl Shared {
+    fn not_sent(&self, reason: NotSentReason) {
+        if let Some(hook) = lock(&self.not_sent_hook).as_ref() {
+            hook(reason);
+        }
+    }
+
     fn finish(&self, delivery: Delivery) {
         if delivery.ok {
             tracing::info!(target = delivery.target.as_str(), to = %delivery.to, attempts = delivery.attempts, "alert delivered");
@@ -838,6 +876,12 @@ mod tests {
         )
         .unwrap()
         .with_fingerprint(Box::new(|v| format!("fp-{}", v.kind.as_str())));
+        let counted = Arc::new(Mutex::new(0));
+        let count = Arc::clone(&counted);
+        alerter.on_not_sent(Box::new(move |reason| {
+            assert_eq!(reason, NotSentReason::Repeat);
+            *lock(&count) += 1;
+        }));
         let verdict = blocked();
         // Three roll calls reach the same verdict (soft tier, hard tier, the coordinator's).
         assert_eq!(
@@ -864,6 +908,7 @@ mod tests {
         sent.sort();
         assert_eq!(sent, ["acted", "suspected"], "one alert per stage");
         assert_eq!(alerter.not_sent().repeats, 2);
+        assert_eq!(*lock(&counted), 2, "the hook saw each repeat");
         assert_eq!(alerter.deliveries().len(), 2);
     }
 

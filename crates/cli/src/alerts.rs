@@ -96,12 +96,15 @@ pub struct AlertContext<'a> {
     pub report_dir: &'a Path,
 }
 
-/// Counts every delivery of `alerter` in metrics: `sent(target)` or `failed(target)`.
+/// Counts every delivery of `alerter` in metrics: `sent(target)` or `failed(target)`, and every alert not sent:
+/// `not_sent(reason)`.
 pub fn count_deliveries(
     alerter: &Alerter,
     sent: impl Fn(hangwatch_alert::TargetKind) + Send + Sync + 'static,
     failed: impl Fn(hangwatch_alert::TargetKind) + Send + Sync + 'static,
+    not_sent: impl Fn(hangwatch_alert::NotSentReason) + Send + Sync + 'static,
 ) {
+    alerter.on_not_sent(Box::new(not_sent));
     alerter.on_delivery(Box::new(move |d| {
         if d.ok {
             sent(d.target)
