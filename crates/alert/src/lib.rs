@@ -1,17 +1,22 @@
 //! Alerts: telling people about a hang where they look — a chat webhook (Slack/Mattermost-compatible JSON), a
 //! Prometheus Alertmanager (v2 API), a command — each retried with backoff under a deadline, in threads of their
-//! own so that detection and termination never wait on them; the exit waits for them, bounded.
+//! own so that detection and termination never wait on them; the exit waits for them, bounded. The same alert
+//! goes out once per window ([`dedup`]), and what is in flight or kept is bounded.
 
+pub mod dedup;
 mod payload;
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use hangwatch_model::unix_now;
+pub use dedup::{alert_key, Admit, Dedup, DEDUP_WINDOW};
+use hangwatch_model::{unix_now, Verdict};
 pub use payload::{
-    alertmanager_alerts, alertmanager_body, alertmanager_endpoint, chat_message, rfc3339, Alert,
-    AlertmanagerAlert, ChatMessage, Stage, ALERT_NAME,
+    alertmanager_alerts, alertmanager_body, alertmanager_endpoint, chat_message, chat_text,
+    rfc3339, Alert, AlertmanagerAlert, ChatMessage, Stage, ALERT_NAME,
 };
 use serde::Serialize;
 
@@ -42,13 +47,23 @@ pub struct Limits {
     pub deadline: Duration,
     /// One attempt (connect, TLS, request, response).
     pub attempt_timeout: Duration,
+    /// Deliveries in flight at once (each is a thread until its deadline); one more is dropped, counted and
+    /// logged, never queued: a receiver that hangs must not pile up threads.
+    pub max_in_flight: usize,
 }
+
+/// Far more than one run sends (3 receivers, a few stages), few enough threads to never matter.
+const MAX_IN_FLIGHT: usize = 64;
+
+/// Deliveries kept for `alerts.json`; older ones are forgotten (and counted) first.
+const MAX_KEPT_DELIVERIES: usize = 256;
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
             deadline: Duration::from_secs(30),
             attempt_timeout: Duration::from_secs(10),
+            max_in_flight: MAX_IN_FLIGHT,
         }
     }
 }
@@ -119,20 +134,77 @@ pub enum AlertError {
 /// Called for every finished delivery (metrics count them).
 pub type DeliveryHook = Box<dyn Fn(&Delivery) + Send + Sync>;
 
+/// Why an alert was not sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotSentReason {
+    /// The same alert went out within [`DEDUP_WINDOW`].
+    Repeat,
+    /// [`Limits::max_in_flight`] deliveries were in flight.
+    Dropped,
+}
+
+impl NotSentReason {
+    pub const ALL: [NotSentReason; 2] = [NotSentReason::Repeat, NotSentReason::Dropped];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotSentReason::Repeat => "repeat",
+            NotSentReason::Dropped => "dropped",
+        }
+    }
+}
+
+/// Called for every alert (or delivery) not sent (metrics count them).
+pub type NotSentHook = Box<dyn Fn(NotSentReason) + Send + Sync>;
+
+/// What makes two verdicts the same cause, for [`dedup`]: `hangwatch_history::Fingerprint`'s key where the caller
+/// has it (this crate does not depend on the history for it).
+pub type FingerprintFn = Box<dyn Fn(&Verdict) -> String + Send + Sync>;
+
 /// Sends alerts in the background and remembers what became of them. Cheap to share (`Arc`).
 pub struct Alerter {
     targets: Targets,
     limits: Limits,
     http: ureq::Agent,
     shared: Arc<Shared>,
+    fingerprint: FingerprintFn,
+    dedup: Mutex<Dedup>,
+}
+
+/// What the alerts that were not sent add up to (for `alerts.json`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct NotSent {
+    /// Repeats of an alert sent within [`DEDUP_WINDOW`].
+    pub repeats: u64,
+    /// Deliveries dropped because [`Limits::max_in_flight`] were in flight.
+    pub dropped: u64,
+    /// Finished deliveries forgotten to keep the record bounded (the oldest first).
+    pub forgotten: u64,
 }
 
 #[derive(Default)]
 struct Shared {
-    deliveries: Mutex<Vec<Delivery>>,
+    deliveries: Mutex<VecDeque<Delivery>>,
     in_flight: Mutex<usize>,
     finished: Condvar,
     hook: Mutex<Option<DeliveryHook>>,
+    not_sent_hook: Mutex<Option<NotSentHook>>,
+    repeats: AtomicU64,
+    dropped: AtomicU64,
+    forgotten: AtomicU64,
+}
+
+/// Without the caller's fingerprint: the kind and where the first culprit is stuck.
+fn plain_fingerprint(verdict: &Verdict) -> String {
+    let culprit = verdict.culprits.first();
+    format!(
+        "{}/{}/{}/{}",
+        verdict.kind.as_str(),
+        culprit.and_then(|c| c.node.as_deref()).unwrap_or("-"),
+        culprit.and_then(|c| c.syscall.as_deref()).unwrap_or("-"),
+        culprit.and_then(|c| c.mount.as_deref()).unwrap_or("-"),
+    )
 }
 
 impl std::fmt::Debug for Alerter {
@@ -172,6 +244,8 @@ impl Alerter {
             limits,
             http,
             shared: Arc::default(),
+            fingerprint: Box::new(plain_fingerprint),
+            dedup: Mutex::default(),
         })
     }
 
@@ -182,6 +256,23 @@ impl Alerter {
             limits: Limits::default(),
             http: ureq::Agent::new_with_defaults(),
             shared: Arc::default(),
+            fingerprint: Box::new(plain_fingerprint),
+            dedup: Mutex::default(),
+        }
+    }
+
+    /// Tells the same cause by `fingerprint` (the history's), for sending each alert once per window.
+    pub fn with_fingerprint(mut self, fingerprint: FingerprintFn) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+
+    /// The alerts not sent so far, and why.
+    pub fn not_sent(&self) -> NotSent {
+        NotSent {
+            repeats: self.shared.repeats.load(Ordering::Relaxed),
+            dropped: self.shared.dropped.load(Ordering::Relaxed),
+            forgotten: self.shared.forgotten.load(Ordering::Relaxed),
         }
     }
 
@@ -194,8 +285,30 @@ impl Alerter {
         *lock(&self.shared.hook) = Some(hook);
     }
 
-    /// Sends `alert` to every target, each in a thread of its own; returns at once.
-    pub fn send(&self, alert: &Alert) {
+    /// `hook` is called for each alert not sent (a repeat) or delivery dropped from then on.
+    pub fn on_not_sent(&self, hook: NotSentHook) {
+        *lock(&self.shared.not_sent_hook) = Some(hook);
+    }
+
+    /// Sends `alert` to every target, each in a thread of its own; returns at once. The same alert (job, stage,
+    /// fingerprint, what was done) sent within [`DEDUP_WINDOW`] is a repeat: counted and logged, not sent.
+    pub fn send(&self, alert: &Alert) -> Admit {
+        if self.targets.is_empty() {
+            return Admit::Send;
+        }
+        let key = alert_key(alert, &(self.fingerprint)(&alert.verdict));
+        let admit = lock(&self.dedup).admit(&key, Instant::now());
+        if let Admit::Repeat { sent_ago } = admit {
+            self.shared.repeats.fetch_add(1, Ordering::Relaxed);
+            self.shared.not_sent(NotSentReason::Repeat);
+            tracing::info!(
+                stage = alert.stage.as_str(),
+                kind = alert.verdict.kind.as_str(),
+                sent_ago_s = sent_ago.as_secs(),
+                "alert not sent again: the same one went out within the window"
+            );
+            return admit;
+        }
         let alert = Arc::new(alert.clone());
         if let Some(url) = &self.targets.webhook {
             let body = chat_message(&alert);
@@ -213,6 +326,7 @@ impl Alerter {
         if let Some(command) = &self.targets.command {
             self.spawn_command(command.clone(), Arc::clone(&alert));
         }
+        Admit::Send
     }
 
     /// Waits until no alert is in flight, at most `limit`; returns how many are still in flight.
@@ -234,7 +348,7 @@ impl Alerter {
 
     /// Every delivery finished so far, oldest first.
     pub fn deliveries(&self) -> Vec<Delivery> {
-        lock(&self.shared.deliveries).clone()
+        lock(&self.shared.deliveries).iter().cloned().collect()
     }
 
     fn spawn(&self, target: TargetKind, url: String, body: Vec<u8>, stage: Stage) {
@@ -265,7 +379,21 @@ impl Alerter {
     }
 
     fn in_background(&self, target: TargetKind, work: impl FnOnce() -> Delivery + Send + 'static) {
-        *lock(&self.shared.in_flight) += 1;
+        {
+            let mut in_flight = lock(&self.shared.in_flight);
+            if *in_flight >= self.limits.max_in_flight {
+                let dropped = self.shared.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+                self.shared.not_sent(NotSentReason::Dropped);
+                tracing::warn!(
+                    target = target.as_str(),
+                    in_flight = *in_flight,
+                    dropped,
+                    "alert dropped: too many alerts still being sent"
+                );
+                return;
+            }
+            *in_flight += 1;
+        }
         let shared = Arc::clone(&self.shared);
         let spawned = std::thread::Builder::new()
             .name(format!("hw-alert-{}", target.as_str()))
@@ -290,6 +418,12 @@ impl Alerter {
 }
 
 impl Shared {
+    fn not_sent(&self, reason: NotSentReason) {
+        if let Some(hook) = lock(&self.not_sent_hook).as_ref() {
+            hook(reason);
+        }
+    }
+
     fn finish(&self, delivery: Delivery) {
         if delivery.ok {
             tracing::info!(target = delivery.target.as_str(), to = %delivery.to, attempts = delivery.attempts, "alert delivered");
@@ -305,7 +439,14 @@ impl Shared {
         if let Some(hook) = lock(&self.hook).as_ref() {
             hook(&delivery);
         }
-        lock(&self.deliveries).push(delivery);
+        {
+            let mut kept = lock(&self.deliveries);
+            if kept.len() >= MAX_KEPT_DELIVERIES {
+                kept.pop_front();
+                self.forgotten.fetch_add(1, Ordering::Relaxed);
+            }
+            kept.push_back(delivery);
+        }
         let mut in_flight = lock(&self.in_flight);
         *in_flight = in_flight.saturating_sub(1);
         self.finished.notify_all();
@@ -705,6 +846,7 @@ mod tests {
             Limits {
                 deadline: Duration::from_millis(1200),
                 attempt_timeout: Duration::from_secs(1),
+                ..Limits::default()
             },
         )
         .unwrap();
@@ -715,5 +857,97 @@ mod tests {
         assert!(!d.ok);
         assert!(d.attempts >= 2, "{d:?}");
         assert_eq!(d.to, format!("http://127.0.0.1:{port}/…"));
+    }
+
+    fn blocked() -> hangwatch_model::Verdict {
+        serde_json::from_str(include_str!("../tests/fixtures/blocked-verdict.json")).unwrap()
+    }
+
+    #[test]
+    fn a_verdict_decided_again_is_sent_once_and_the_acted_alert_still_goes_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("sent");
+        let alerter = Alerter::new(
+            Targets {
+                command: Some(format!("echo \"$HANGWATCH_STAGE\" >> {}", log.display())),
+                ..Targets::default()
+            },
+            Limits::default(),
+        )
+        .unwrap()
+        .with_fingerprint(Box::new(|v| format!("fp-{}", v.kind.as_str())));
+        let counted = Arc::new(Mutex::new(0));
+        let count = Arc::clone(&counted);
+        alerter.on_not_sent(Box::new(move |reason| {
+            assert_eq!(reason, NotSentReason::Repeat);
+            *lock(&count) += 1;
+        }));
+        let verdict = blocked();
+        // Three roll calls reach the same verdict (soft tier, hard tier, the coordinator's).
+        assert_eq!(
+            alerter.send(&Alert::new(Stage::Suspected, &verdict, 0.0)),
+            Admit::Send
+        );
+        for _ in 0..2 {
+            assert!(matches!(
+                alerter.send(&Alert::new(Stage::Suspected, &verdict, 1.0)),
+                Admit::Repeat { .. }
+            ));
+        }
+        assert_eq!(
+            alerter.send(&Alert::new(Stage::Acted, &verdict, 2.0)),
+            Admit::Send
+        );
+        assert_eq!(alerter.wait(Duration::from_secs(20)), 0);
+        // Each runs in its own thread: in either order.
+        let mut sent: Vec<String> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        sent.sort();
+        assert_eq!(sent, ["acted", "suspected"], "one alert per stage");
+        assert_eq!(alerter.not_sent().repeats, 2);
+        assert_eq!(*lock(&counted), 2, "the hook saw each repeat");
+        assert_eq!(alerter.deliveries().len(), 2);
+    }
+
+    #[test]
+    fn past_the_in_flight_bound_an_alert_is_dropped_and_counted_not_queued() {
+        let alerter = Alerter::new(
+            Targets {
+                command: Some("sleep 3".into()),
+                ..Targets::default()
+            },
+            Limits {
+                deadline: Duration::from_secs(10),
+                max_in_flight: 2,
+                ..Limits::default()
+            },
+        )
+        .unwrap();
+        let mut verdict = blocked();
+        let started = Instant::now();
+        for i in 0..5 {
+            // Distinct causes, so that none is a repeat.
+            verdict.kind = [
+                hangwatch_model::VerdictKind::BlockedInKernel,
+                hangwatch_model::VerdictKind::Stopped,
+                hangwatch_model::VerdictKind::Diverged,
+                hangwatch_model::VerdictKind::Busy,
+                hangwatch_model::VerdictKind::NodeUnreachable,
+            ][i];
+            assert_eq!(
+                alerter.send(&Alert::new(Stage::Suspected, &verdict, 0.0)),
+                Admit::Send
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "send blocked on a full queue"
+        );
+        assert_eq!(alerter.not_sent().dropped, 3);
+        assert_eq!(alerter.wait(Duration::from_secs(20)), 0);
+        assert_eq!(alerter.deliveries().len(), 2);
     }
 }

@@ -156,10 +156,43 @@ pub struct ChatMessage<'a> {
 
 pub fn chat_message(alert: &Alert) -> Vec<u8> {
     let message = ChatMessage {
-        text: alert.one_line(),
+        text: chat_text(&alert.one_line()),
         hangwatch: alert,
     };
     serde_json::to_vec(&message).unwrap_or_default()
+}
+
+/// `text` made safe for a chat: the line names paths, files and commands that anyone who can create a file or
+/// start a process chose, and Slack reads `<...>` in it as a link or a mention (`<!channel>`, `<http://x|click>`),
+/// so `&`, `<` and `>` become `&amp;`, `&lt;`, `&gt;` (Slack's own escaping rules). Control characters (a newline
+/// in a file name would fake a line of its own) and bidirectional overrides (which reorder what is shown) are
+/// written as `\u{...}`. Mattermost, which takes the same body, mentions on `@channel` and links on `[x](url)`:
+/// a word joiner (U+2060, invisible) after each `@` and between `](` keeps both plain text. The JSON under
+/// `hangwatch` keeps the exact values.
+pub fn chat_text(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut previous = None;
+    for c in line.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '@' => out.push_str("@\u{2060}"),
+            '(' if previous == Some(']') => out.push_str("\u{2060}("),
+            c if c.is_control() || is_bidi_control(c) => {
+                out.push_str(&format!("\\u{{{:04x}}}", u32::from(c)))
+            }
+            c => out.push(c),
+        }
+        previous = Some(c);
+    }
+    out
+}
+
+/// The characters that change the order in which text is shown (Unicode bidirectional embeddings, overrides
+/// and isolates, and the marks).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// One alert of Alertmanager's v2 API (`POST /api/v2/alerts` takes a list of them).
@@ -297,6 +330,75 @@ mod tests {
         assert!(doc["text"].as_str().unwrap().contains("blocked in kernel"));
         assert_eq!(doc["hangwatch"]["stage"], "suspected");
         assert_eq!(doc["hangwatch"]["verdict"]["kind"], "blocked_in_kernel");
+    }
+
+    /// A verdict whose summary names a file chosen by someone hostile.
+    fn hostile(name: &str) -> Alert {
+        let mut v = verdict();
+        v.summary = format!("rank 0 is in write() on /scratch/{name}");
+        Alert::new(Stage::Suspected, &v, 0.0)
+    }
+
+    #[test]
+    fn a_hostile_file_name_cannot_ping_link_or_fake_a_line_in_slack() {
+        for (name, must_not, shown) in [
+            ("<!channel>", "<!channel>", "&lt;!channel&gt;"),
+            ("<!here|here>", "<!here", "&lt;!here|here&gt;"),
+            (
+                "<http://x.example|click>",
+                "<http",
+                "&lt;http://x.example|click&gt;",
+            ),
+            ("<@U024BE7LH>", "<@", "&lt;@\u{2060}U024BE7LH&gt;"),
+            ("a&b", "a&b", "a&amp;b"),
+            ("x\n*fake line*", "\n", "x\\u{000a}*fake line*"),
+            ("ok\u{1b}[31m", "\u{1b}", "ok\\u{001b}[31m"),
+            ("evil\u{202e}txt.exe", "\u{202e}", "evil\\u{202e}txt.exe"),
+            ("@channel", "@channel", "@\u{2060}channel"),
+            (
+                "[click](http://x.example)",
+                "](",
+                "[click]\u{2060}(http://x.example)",
+            ),
+        ] {
+            let alert = hostile(name);
+            let doc: serde_json::Value =
+                serde_json::from_slice(&chat_message(&alert)).expect("json");
+            let text = doc["text"].as_str().expect("text");
+            assert!(!text.contains(must_not), "{name:?} is live in {text:?}");
+            assert!(
+                text.contains(shown),
+                "{name:?} is not shown as {shown:?} in {text:?}"
+            );
+            // The machine-readable copy keeps the exact name.
+            assert!(
+                doc["hangwatch"]["verdict"]["summary"]
+                    .as_str()
+                    .expect("summary")
+                    .ends_with(name),
+                "{doc}"
+            );
+        }
+    }
+
+    #[test]
+    fn ordinary_text_is_left_as_it_is() {
+        let line = "hangwatch: job 4242 looks hung — blocked in kernel: rank 0 (node n1) in write() on /gpfs/a_b*c.txt";
+        assert_eq!(chat_text(line), line);
+    }
+
+    #[test]
+    fn json_receivers_get_hostile_names_exactly_and_well_formed() {
+        let alert = hostile("<!channel>\"\n\u{0}");
+        let alerts: serde_json::Value =
+            serde_json::from_slice(&alertmanager_body(&alert)).expect("json");
+        assert!(
+            alerts[0]["annotations"]["description"]
+                .as_str()
+                .expect("description")
+                .ends_with("<!channel>\"\n\u{0}"),
+            "{alerts}"
+        );
     }
 
     #[test]

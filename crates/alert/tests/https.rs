@@ -24,6 +24,7 @@ fn both_alerts_reach_an_https_webhook_and_alertmanager_after_a_503() {
         Limits {
             deadline: Duration::from_secs(20),
             attempt_timeout: Duration::from_secs(5),
+            ..Limits::default()
         },
     )
     .unwrap();
@@ -112,6 +113,7 @@ fn an_untrusted_certificate_is_a_failed_alert_not_a_silent_one() {
         Limits {
             deadline: Duration::from_secs(2),
             attempt_timeout: Duration::from_secs(2),
+            ..Limits::default()
         },
     )
     .unwrap();

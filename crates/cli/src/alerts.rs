@@ -66,8 +66,15 @@ impl AlertArgs {
             Limits {
                 deadline: self.alert_deadline,
                 attempt_timeout: self.alert_deadline.min(Duration::from_secs(10)),
+                ..Limits::default()
             },
         )
+        .map(|alerter| {
+            // The history's fingerprint: the same cause on another rank, pid or log file is the same alert.
+            alerter.with_fingerprint(Box::new(|verdict| {
+                hangwatch_history::Fingerprint::of(verdict).key()
+            }))
+        })
         .map_err(|e| usage(hangwatch_model::error_chain(&e)))
     }
 }
@@ -78,6 +85,8 @@ pub struct AlertsRecord {
     pub deliveries: Vec<hangwatch_alert::Delivery>,
     /// Alerts still being sent when hangwatch exited (their outcome is unknown).
     pub in_flight_at_exit: usize,
+    /// Alerts not sent: repeats within the window, dropped past the in-flight bound, forgotten deliveries.
+    pub not_sent: hangwatch_alert::NotSent,
 }
 
 /// Who and where, for the alerts of one run.
@@ -87,12 +96,15 @@ pub struct AlertContext<'a> {
     pub report_dir: &'a Path,
 }
 
-/// Counts every delivery of `alerter` in metrics: `sent(target)` or `failed(target)`.
+/// Counts every delivery of `alerter` in metrics: `sent(target)` or `failed(target)`, and every alert not sent:
+/// `not_sent(reason)`.
 pub fn count_deliveries(
     alerter: &Alerter,
     sent: impl Fn(hangwatch_alert::TargetKind) + Send + Sync + 'static,
     failed: impl Fn(hangwatch_alert::TargetKind) + Send + Sync + 'static,
+    not_sent: impl Fn(hangwatch_alert::NotSentReason) + Send + Sync + 'static,
 ) {
+    alerter.on_not_sent(Box::new(not_sent));
     alerter.on_delivery(Box::new(move |d| {
         if d.ok {
             sent(d.target)
@@ -129,8 +141,15 @@ pub fn finish(alerter: &Alerter, report_dir: &Path) {
         ));
     }
     let deliveries = alerter.deliveries();
-    if deliveries.is_empty() && left == 0 {
+    let not_sent = alerter.not_sent();
+    if deliveries.is_empty() && left == 0 && not_sent == hangwatch_alert::NotSent::default() {
         return;
+    }
+    if not_sent.dropped > 0 {
+        say(format!(
+            "hangwatch: warning: {} alert(s) dropped: too many were still being sent",
+            not_sent.dropped
+        ));
     }
     for failed in deliveries.iter().filter(|d| !d.ok) {
         say(format!(
@@ -146,6 +165,7 @@ pub fn finish(alerter: &Alerter, report_dir: &Path) {
     let record = AlertsRecord {
         deliveries,
         in_flight_at_exit: left,
+        not_sent,
     };
     let files = [EvidenceFile::json("alerts.json", &record)];
     if let Err(e) = write_abandonable(&program, report_dir, &files, Duration::from_secs(5)) {

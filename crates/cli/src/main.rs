@@ -11,6 +11,7 @@ mod requeue;
 mod secret;
 mod size;
 mod slurm;
+mod slurm_job;
 mod storage_wait;
 
 use std::process::ExitCode;

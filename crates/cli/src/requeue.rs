@@ -20,6 +20,8 @@ use hangwatch_diagnosis::requeue::{decide_requeue, AttemptRecord, RequeueDecisio
 use hangwatch_inspect::child::{external_command, run_with_deadline, ChildOutcome};
 use hangwatch_model::{ActionRecord, Verdict};
 
+use crate::slurm_job::SlurmJobJson;
+
 /// How long one Slurm command may take.
 const SLURM_DEADLINE: Duration = Duration::from_secs(15);
 
@@ -56,12 +58,42 @@ impl SlurmJob {
     }
 }
 
+/// Why a Slurm command gave nothing.
+#[derive(Debug)]
+enum SlurmError {
+    /// No answer within [`SLURM_DEADLINE`]: asking again (another way) would only wait as long again.
+    NoAnswer,
+    /// It ran and refused, or could not be started: its words.
+    Failed(String),
+}
+
+impl std::fmt::Display for SlurmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SlurmError::NoAnswer => write!(
+                f,
+                "no answer within {}s (is slurmctld reachable?)",
+                SLURM_DEADLINE.as_secs()
+            ),
+            SlurmError::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
 /// Runs a Slurm command under the deadline; its stdout, or what went wrong in words.
 fn slurm(
     program: &str,
     args: &[String],
     env: Option<&[(String, String)]>,
 ) -> Result<String, String> {
+    slurm_call(program, args, env).map_err(|e| e.to_string())
+}
+
+fn slurm_call(
+    program: &str,
+    args: &[String],
+    env: Option<&[(String, String)]>,
+) -> Result<String, SlurmError> {
     let mut command = external_command(program);
     command.args(args);
     if let Some(env) = env {
@@ -78,18 +110,15 @@ fn slurm(
                 Ok(String::from_utf8_lossy(&stdout).into_owned())
             } else {
                 let err = String::from_utf8_lossy(&stderr).trim().to_string();
-                Err(if err.is_empty() {
+                Err(SlurmError::Failed(if err.is_empty() {
                     format!("exited with {status}")
                 } else {
                     err
-                })
+                }))
             }
         }
-        Ok(ChildOutcome::TimedOut { .. }) => Err(format!(
-            "no answer within {}s (is slurmctld reachable?)",
-            SLURM_DEADLINE.as_secs()
-        )),
-        Err(e) => Err(format!("{program}: {e}")),
+        Ok(ChildOutcome::TimedOut { .. }) => Err(SlurmError::NoAnswer),
+        Err(e) => Err(SlurmError::Failed(format!("{program}: {e}"))),
     }
 }
 
@@ -150,12 +179,116 @@ impl ShownJob {
 }
 
 fn show_job(id: &str) -> Result<ShownJob, String> {
-    let out = slurm(
+    show_job_with(id, &mut ask_slurm)
+}
+
+/// Runs a Slurm command with hangwatch's environment: the edge that [`read_job_with`] is given.
+fn ask_slurm(program: &str, args: &[String]) -> Result<String, SlurmError> {
+    slurm_call(program, args, None)
+}
+
+/// How a reader asks Slurm: `program` with `args`, its stdout (tests answer as a given Slurm version would).
+type Ask<'a> = dyn FnMut(&str, &[String]) -> Result<String, SlurmError> + 'a;
+
+fn show_job_with(id: &str, ask: &mut Ask) -> Result<ShownJob, String> {
+    let out = ask(
         "scontrol",
         &["show".into(), "job".into(), "-o".into(), id.into()],
-        None,
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     Ok(ShownJob::parse(out.lines().next().unwrap_or_default()))
+}
+
+/// What the next attempt is submitted like: Slurm's JSON of this job, or, where this Slurm prints none, the text
+/// of `scontrol show job` (which keeps fewer options: [`TEXT_LOSES`]).
+#[derive(Debug, Clone)]
+enum JobSource {
+    Json(Box<SlurmJobJson>),
+    Text(ShownJob),
+}
+
+/// What a submission from the text of `scontrol show job` may lose, said when it must be used.
+const TEXT_LOSES: &str =
+    "--constraint, --exclusive, --reservation, --gpus*, --mem-per-cpu, --array, --dependency, \
+    --nodelist, --mail-*, --licenses and others";
+
+impl JobSource {
+    fn comment(&self) -> &str {
+        match self {
+            JobSource::Json(j) => j.comment(),
+            JobSource::Text(t) => t.comment(),
+        }
+    }
+
+    fn excluded(&self) -> Vec<String> {
+        match self {
+            JobSource::Json(j) => j.excluded(),
+            JobSource::Text(t) => t.excluded(),
+        }
+    }
+}
+
+/// This job as Slurm's JSON says it, its warnings said.
+fn read_job(id: &str) -> Result<JobSource, String> {
+    let (job, warnings) = read_job_with(id, &mut ask_slurm)?;
+    for warning in warnings {
+        say(warning);
+    }
+    Ok(job)
+}
+
+/// This job as Slurm's JSON says it: `scontrol --json show job` (Slurm 23.02+), else `squeue --json` (21.08+),
+/// else the text of `scontrol show job`, with a warning naming what may be lost. A Slurm that does not answer is
+/// asked once, not three times. Returns the job and the warnings to say.
+fn read_job_with(id: &str, ask: &mut Ask) -> Result<(JobSource, Vec<String>), String> {
+    let mut why = Vec::new();
+    let mut warnings = Vec::new();
+    let asks: [(&str, Vec<String>); 2] = [
+        (
+            "scontrol",
+            vec!["--json".into(), "show".into(), "job".into(), id.into()],
+        ),
+        ("squeue", vec!["--json".into(), format!("--jobs={id}")]),
+    ];
+    for (program, args) in asks {
+        match ask(program, &args) {
+            Ok(out) => match SlurmJobJson::parse(&out, id) {
+                Ok(job) => {
+                    if job.is_heterogeneous() {
+                        warnings.push(format!(
+                            "hangwatch: warning: job {id} is part of a heterogeneous job: the next attempt is \
+                             submitted with this part's options only"
+                        ));
+                    }
+                    let job = if job.lacks_mail() {
+                        // 22.05's JSON has no mail settings; its text does.
+                        match show_job_with(id, ask) {
+                            Ok(shown) => {
+                                job.with_mail(shown.get("MailUser"), shown.get("MailType"))
+                            }
+                            Err(_) => job,
+                        }
+                    } else {
+                        job
+                    };
+                    return Ok((JobSource::Json(Box::new(job)), warnings));
+                }
+                Err(e) => why.push(format!("{program} --json: {e}")),
+            },
+            Err(SlurmError::NoAnswer) => return Err(SlurmError::NoAnswer.to_string()),
+            Err(SlurmError::Failed(e)) => why.push(format!(
+                "{program} --json: {}",
+                e.lines().next().unwrap_or_default()
+            )),
+        }
+    }
+    let shown = show_job_with(id, ask)?;
+    warnings.push(format!(
+        "hangwatch: warning: Slurm gives no JSON of job {id} here ({}); the next attempt is submitted from `scontrol \
+         show job` and may lose {TEXT_LOSES}: put those in the batch script as #SBATCH lines",
+        why.join("; ")
+    ));
+    Ok((JobSource::Text(shown), warnings))
 }
 
 /// While an attempt waits for the storage that hung the one before: the job's comment says so (`still`: the
@@ -241,11 +374,18 @@ pub fn restart_env(job: &SlurmJob, get: impl Fn(&str) -> Option<String>) -> Vec<
     vec![(ENV_ATTEMPT.to_string(), job.attempt(None).to_string())]
 }
 
-/// `sbatch` options that submit the next attempt as this one was: what `scontrol show job` keeps of the
-/// original command line (the batch script's own `#SBATCH` lines come with the script), plus the exclusions,
-/// the record, and appending to the same output files.
-fn next_attempt_options(shown: &ShownJob, excluded: &[String], comment: &str) -> Vec<String> {
+/// `sbatch` options that submit the next attempt as this one was: what Slurm's JSON (or, without it, `scontrol show
+/// job`) keeps of the original command line (the batch script's own `#SBATCH` lines come with the script), plus
+/// the exclusions, the record, and appending to the same output files.
+fn next_attempt_options(job: &JobSource, excluded: &[String], comment: &str) -> Vec<String> {
     let mut args = vec!["--parsable".to_string()];
+    let shown = match job {
+        JobSource::Json(j) => {
+            args.extend(j.options(excluded));
+            return finish_options(args, excluded, comment);
+        }
+        JobSource::Text(shown) => shown,
+    };
     let mut opt = |flag: &str, value: Option<&str>| {
         if let Some(v) = value {
             args.push(format!("{flag}={v}"));
@@ -284,6 +424,12 @@ fn next_attempt_options(shown: &ShownJob, excluded: &[String], comment: &str) ->
     if shown.get("Requeue") == Some("1") {
         args.push("--requeue".into());
     }
+    finish_options(args, excluded, comment)
+}
+
+/// What every next attempt gets besides the job's own options: the same output files appended to, the nodes kept
+/// out, the record.
+fn finish_options(mut args: Vec<String>, excluded: &[String], comment: &str) -> Vec<String> {
     args.push("--open-mode=append".into());
     if !excluded.is_empty() {
         args.push(format!("--exclude={}", excluded.join(",")));
@@ -362,7 +508,7 @@ impl Step {
 /// The commands for the next attempt, in order.
 fn steps(
     job: &SlurmJob,
-    shown: &ShownJob,
+    shown: &JobSource,
     record: &AttemptRecord,
     newly_excluded: &[String],
     drain: bool,
@@ -440,7 +586,7 @@ pub fn after_hang(
     drain: bool,
     dir: &Path,
 ) -> (i32, ActionRecord) {
-    let shown = match show_job(&job.id) {
+    let shown = match read_job(&job.id) {
         Ok(shown) => shown,
         Err(e) => {
             say(format!(
@@ -605,7 +751,7 @@ mod tests {
 
     #[test]
     fn the_next_attempt_is_submitted_like_this_one_without_the_bad_nodes() {
-        let shown = ShownJob::parse(SHOWN);
+        let shown = JobSource::Text(ShownJob::parse(SHOWN));
         let job = SlurmJob {
             id: "7".into(),
             restart_count: 0,
@@ -651,6 +797,146 @@ mod tests {
             shells[2],
             "scontrol update NodeName=n2 State=DRAIN 'Reason=hangwatch: rank 1 on n2 in write()'"
         );
+    }
+
+    #[test]
+    fn from_slurms_json_the_next_attempt_keeps_the_options_the_text_loses() {
+        let json = include_str!("../tests/fixtures/squeue-json-slurm-22.05.8.json");
+        let shown = JobSource::Json(Box::new(SlurmJobJson::parse(json, "5").expect("job 5")));
+        let job = SlurmJob {
+            id: "5".into(),
+            restart_count: 0,
+        };
+        let record = AttemptRecord::from_comment(
+            "hangwatch: attempt=1 kind=blocked_in_kernel step=7 without_progress=1 excluded=n2 cause=rank 1",
+        )
+        .expect("record");
+        let shells: Vec<String> = steps(
+            &job,
+            &shown,
+            &record,
+            &["n2".to_string()],
+            false,
+            Path::new("/var/tmp/hw/batch-script-5.sh"),
+            false,
+        )
+        .iter()
+        .map(Step::shell)
+        .collect();
+        assert_eq!(
+            shells[1],
+            "sbatch --parsable '--job-name=train job' --partition=debug '--constraint=fast&ib' \
+             --reservation=hwres --chdir=/tmp/rqj --output=/tmp/rqj/a-4_3.out --nodes=1 --ntasks=1 \
+             --ntasks-per-node=1 --time=30 --array=3 --mem-per-cpu=100M --nice=5 --exclusive --requeue \
+             --open-mode=append --exclude=n3,n2 '--comment=my run hangwatch: attempt=1 \
+             kind=blocked_in_kernel step=7 without_progress=1 excluded=n2 cause=rank 1' \
+             /var/tmp/hw/batch-script-5.sh"
+        );
+    }
+
+    /// A Slurm of one version, as `read_job_with` asks it: what each command answers, and what was asked.
+    struct FakeSlurm {
+        scontrol_json: Result<String, &'static str>,
+        squeue_json: Result<String, &'static str>,
+        text: Result<String, &'static str>,
+        asked: Vec<String>,
+    }
+
+    impl FakeSlurm {
+        fn ask(&mut self, program: &str, args: &[String]) -> Result<String, SlurmError> {
+            let line = format!("{program} {}", args.join(" "));
+            self.asked.push(line.clone());
+            let answer = match (program, args.first().map(String::as_str)) {
+                ("scontrol", Some("--json")) => &self.scontrol_json,
+                ("squeue", Some("--json")) => &self.squeue_json,
+                ("scontrol", Some("show")) => &self.text,
+                _ => panic!("unexpected {line}"),
+            };
+            match answer {
+                Ok(out) => Ok(out.clone()),
+                Err("timeout") => Err(SlurmError::NoAnswer),
+                Err(e) => Err(SlurmError::Failed(e.to_string())),
+            }
+        }
+
+        fn read(&mut self, id: &str) -> Result<(JobSource, Vec<String>), String> {
+            read_job_with(id, &mut |p: &str, a: &[String]| self.ask(p, a))
+        }
+    }
+
+    const SQUEUE_JSON: &str = include_str!("../tests/fixtures/squeue-json-slurm-22.05.8.json");
+    const SCONTROL_JSON: &str = include_str!("../tests/fixtures/scontrol-json-slurm-23-shape.json");
+
+    #[test]
+    fn slurm_23_answers_scontrol_json_and_nothing_else_is_asked() {
+        let mut slurm = FakeSlurm {
+            scontrol_json: Ok(SCONTROL_JSON.into()),
+            squeue_json: Err("not asked"),
+            text: Err("not asked"),
+            asked: Vec::new(),
+        };
+        let (job, warnings) = slurm.read("5").expect("job");
+        assert!(matches!(job, JobSource::Json(_)));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(slurm.asked, ["scontrol --json show job 5"]);
+    }
+
+    #[test]
+    fn slurm_22_05_answers_squeue_json_and_the_text_for_mail() {
+        let mut slurm = FakeSlurm {
+            scontrol_json: Err("scontrol: unrecognized option '--json'"),
+            squeue_json: Ok(SQUEUE_JSON.into()),
+            text: Ok("JobId=5 JobName=x MailUser=a@b MailType=END".into()),
+            asked: Vec::new(),
+        };
+        let (job, warnings) = slurm.read("5").expect("job");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let JobSource::Json(job) = job else {
+            panic!("not from JSON");
+        };
+        assert!(job.options(&[]).contains(&"--mail-type=END".to_string()));
+        assert_eq!(
+            slurm.asked,
+            [
+                "scontrol --json show job 5",
+                "squeue --json --jobs=5",
+                "scontrol show job -o 5"
+            ]
+        );
+    }
+
+    #[test]
+    fn without_json_the_text_is_used_and_the_warning_names_what_may_be_lost() {
+        let mut slurm = FakeSlurm {
+            scontrol_json: Err("scontrol: unrecognized option '--json'\nTry scontrol --help"),
+            squeue_json: Err("squeue: unrecognized option '--json'"),
+            text: Ok(SHOWN.into()),
+            asked: Vec::new(),
+        };
+        let (job, warnings) = slurm.read("7").expect("job");
+        assert!(matches!(job, JobSource::Text(_)));
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        for said in [
+            "Slurm gives no JSON of job 7",
+            "scontrol --json: scontrol: unrecognized option '--json';",
+            "--constraint, --exclusive, --reservation, --gpus*, --mem-per-cpu, --array, --dependency",
+            "#SBATCH",
+        ] {
+            assert!(warnings[0].contains(said), "{said:?} not in {}", warnings[0]);
+        }
+    }
+
+    #[test]
+    fn a_slurm_that_does_not_answer_is_asked_once() {
+        let mut slurm = FakeSlurm {
+            scontrol_json: Err("timeout"),
+            squeue_json: Ok(SQUEUE_JSON.into()),
+            text: Ok(SHOWN.into()),
+            asked: Vec::new(),
+        };
+        let err = slurm.read("5").map(|_| ()).expect_err("no answer");
+        assert!(err.contains("no answer within 15s"), "{err}");
+        assert_eq!(slurm.asked.len(), 1, "{:?}", slurm.asked);
     }
 
     #[test]

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use hangwatch_testkit::{python, require, AlertReceiver, LoopExt4};
+use hangwatch_testkit::{python, require, wait_until, AlertReceiver, LoopExt4};
 use serde_json::Value;
 
 /// Starts a 3-rank job whose rank 0 logs onto `fs`, waits for it to step, and freezes `fs`.
@@ -189,5 +189,68 @@ fn a_receiver_that_never_answers_does_not_hold_up_the_end_and_the_failure_is_kep
             .any(|d| d["target"] == "alertmanager" && d["attempts"].as_u64() > Some(1)),
         "{record:#}"
     );
+    frozen.thaw().expect("thaw");
+}
+
+#[test]
+fn a_hang_decided_again_at_each_tier_sends_one_suspected_alert() {
+    require!(python());
+    let fs = require!(LoopExt4::new(64));
+    let receiver = require!(AlertReceiver::http(0));
+    let webhook = format!("{}/hooks/T0/B0/secret-token", receiver.base_url());
+    // Observed, not ended: the fast path's roll call, the soft tier's and the hard tier's each reach the same
+    // verdict, and the hang stays for as long as the test wants.
+    let (mut run, frozen, _) = hung_job(
+        &fs,
+        &[
+            "--action",
+            "observe",
+            "--webhook",
+            &webhook,
+            "--job-id",
+            "4242",
+            "--node-name",
+            "n1",
+        ],
+    );
+    let hooks = |r: &AlertReceiver| -> Vec<Value> {
+        r.requests()
+            .into_iter()
+            .filter(|h| h["path"] == "/hooks/T0/B0/secret-token")
+            .collect()
+    };
+    assert!(
+        wait_until(STALL + Duration::from_secs(30), POLL, || !hooks(&receiver)
+            .is_empty()),
+        "no alert: {}",
+        run.stderr_text()
+    );
+    // Past every tier, and several roll calls.
+    std::thread::sleep(STALL * 5);
+    let suspected: Vec<Value> = hooks(&receiver)
+        .into_iter()
+        .filter(|h| h["body"]["hangwatch"]["stage"] == "suspected")
+        .collect();
+    assert_eq!(
+        suspected.len(),
+        1,
+        "the same verdict was alerted {} times: {:#?}\n{}",
+        suspected.len(),
+        receiver.requests(),
+        run.stderr_text()
+    );
+    // Ended by a signal: the repeats it held back are counted in the evidence.
+    hangwatch_testkit::send(run.pid(), nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let done = run.finish(Duration::from_secs(60));
+    let record: Value = serde_json::from_str(
+        &std::fs::read_to_string(done.report_dir.join("alerts.json")).expect("alerts.json"),
+    )
+    .unwrap();
+    assert!(
+        record["not_sent"]["repeats"].as_u64() >= Some(1),
+        "{record:#}\n{}",
+        done.describe()
+    );
+    assert_eq!(record["not_sent"]["dropped"], 0, "{record:#}");
     frozen.thaw().expect("thaw");
 }

@@ -22,7 +22,8 @@ struct SlurmCluster {
 }
 
 impl SlurmCluster {
-    fn start(nodes: u32) -> Result<SlurmCluster, String> {
+    /// A cluster whose nodes have `gpus` GPUs each (GRES backed by plain files: jobs can ask for `--gpus*`).
+    fn start_with_gpus(nodes: u32, gpus: u32) -> Result<SlurmCluster, String> {
         require_root()?;
         let dir = std::env::temp_dir().join(format!("hangwatch-slurm-test-{}", std::process::id()));
         let cluster = SlurmCluster {
@@ -32,6 +33,7 @@ impl SlurmCluster {
         let out = Command::new("bash")
             .arg(scripts().join("start-slurm.sh"))
             .env("SLURM_NODES", nodes.to_string())
+            .env("SLURM_GPUS", gpus.to_string())
             .env("SLURM_DIR", &cluster.dir)
             // Away from the default ports, where a developer's own cluster may run.
             .env("SLURM_PORT_BASE", "17817")
@@ -50,7 +52,11 @@ impl SlurmCluster {
     /// A cluster of `nodes`, or `None` (the test is skipped, said on stderr) where Slurm cannot run and the
     /// test kit is not strict.
     fn start_or_skip(nodes: u32) -> Option<SlurmCluster> {
-        match SlurmCluster::start(nodes) {
+        SlurmCluster::start_or_skip_with_gpus(nodes, 0)
+    }
+
+    fn start_or_skip_with_gpus(nodes: u32, gpus: u32) -> Option<SlurmCluster> {
+        match SlurmCluster::start_with_gpus(nodes, gpus) {
             Ok(c) => Some(c),
             Err(why) if !hangwatch_testkit::strict_mode() => {
                 eprintln!("SKIPPED: no Slurm here: {why}");
@@ -544,5 +550,135 @@ fn a_job_that_hangs_again_without_progress_stops_after_its_restart_budget_with_7
     assert!(
         text.contains("previous attempt (1) ended by hangwatch (diverged)"),
         "the second attempt does not say what happened to the first:\n{text}"
+    );
+}
+
+/// Runs `scontrol ARGS` on the test cluster as its administrator; panics with Slurm's words when it refuses.
+fn scontrol_admin(cluster: &SlurmCluster, args: &[&str]) {
+    let out = cluster
+        .command("scontrol")
+        .args(args)
+        .output()
+        .expect("scontrol runs");
+    assert!(
+        out.status.success(),
+        "scontrol {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_requeued_job_keeps_every_option_it_was_submitted_with() {
+    let py = require!(python());
+    let Some(cluster) = SlurmCluster::start_or_skip_with_gpus(2, 1) else {
+        return;
+    };
+    // What a real cluster has and this one lacks: node features to constrain on, a reservation to run in. Both
+    // go with the cluster when it is stopped.
+    scontrol_admin(
+        &cluster,
+        &[
+            "update",
+            "NodeName=n[1-2]",
+            "AvailableFeatures=fast,ib",
+            "ActiveFeatures=fast,ib",
+        ],
+    );
+    scontrol_admin(
+        &cluster,
+        &[
+            "create",
+            "reservation",
+            "ReservationName=hw-test",
+            "Users=root",
+            "StartTime=now",
+            "Duration=60",
+            "Nodes=n[1-2]",
+        ],
+    );
+    let work = tempfile::tempdir().expect("temporary directory");
+    let out = work.path();
+    // Rank 0 deadlocks at step 3: the attempt hangs and is requeued (a deadlock keeps no node out).
+    let script = format!(
+        "#!/bin/bash\n\
+         {BIN} run --nproc 2 --stall-after {STALL_AFTER} --grace 2s --action requeue --max-requeues 1 \\\n  \
+         -- {py} {rank} --step-time 0.1 --beat --behaviour lock --after 3 --only-rank 0\n",
+        py = py.display(),
+        rank = hangwatch_testkit::rank_script().display(),
+    );
+    // A dependency is not among them: Slurm drops a met dependency before the job runs, so a running job has
+    // none left to keep (the unit tests over Slurm's JSON cover one that is still listed).
+    let first = cluster.submit(
+        out,
+        &script,
+        &[
+            "--requeue",
+            "--open-mode=append",
+            "--nodes=1",
+            "--job-name=keep-options",
+            "--constraint=fast&ib",
+            "--exclusive",
+            "--mem-per-cpu=100M",
+            "--reservation=hw-test",
+            "--time=00:20:00",
+            "--array=2",
+            "--mail-type=END",
+            "--mail-user=ops@example.org",
+            "--gpus=1",
+            "--gpus-per-task=1",
+            "--cpus-per-gpu=1",
+        ],
+    );
+    let output = || std::fs::read_to_string(out.join("batch.out")).unwrap_or_default();
+    let next = |text: &str| {
+        text.lines()
+            .find_map(|l| l.split("attempt 2 submitted as job ").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_string)
+    };
+    assert!(
+        wait_until(Duration::from_secs(120), Duration::from_millis(200), || {
+            next(&output()).is_some()
+        }),
+        "no second attempt: {}\n{}",
+        cluster.job(&first),
+        output()
+    );
+    let second = next(&output()).unwrap_or_default();
+    let one = cluster.job(&first);
+    let two = cluster.job(&second);
+    for (field, want) in [
+        ("JobName", "keep-options"),
+        ("Features", "fast&ib"),
+        ("OverSubscribe", "NO"),
+        ("MinMemoryCPU", "100M"),
+        ("Reservation", "hw-test"),
+        ("TimeLimit", "00:20:00"),
+        ("ArrayTaskId", "2"),
+        ("Requeue", "1"),
+        ("MailType", "END"),
+        ("MailUser", "ops@example.org"),
+        ("TresPerJob", "gres:gpu:1"),
+        ("TresPerTask", "gres:gpu:1"),
+        ("CpusPerTres", "gres:gpu:1"),
+        // The same output file, appended to.
+        ("StdOut", &out.join("batch.out").display().to_string()),
+    ] {
+        assert_eq!(
+            SlurmCluster::field(&one, field).as_deref(),
+            Some(want),
+            "the first attempt was not submitted as the test meant: {one}"
+        );
+        assert_eq!(
+            SlurmCluster::field(&two, field).as_deref(),
+            Some(want),
+            "the next attempt lost {field}={want}:\n{two}\n{}",
+            output()
+        );
+    }
+    assert!(
+        !output().contains("Slurm gives no JSON"),
+        "Slurm's JSON was not used:\n{}",
+        output()
     );
 }

@@ -441,6 +441,11 @@ impl AgentMetrics {
         self.outcomes.alert(target, false);
     }
 
+    /// An alert was not sent: a repeat within the window, or dropped with too many in flight.
+    pub fn alert_not_sent(&self, reason: hangwatch_alert::NotSentReason) {
+        self.outcomes.alert_not_sent(reason);
+    }
+
     pub fn set_probes_stuck(&self, stuck: usize) {
         self.probes_stuck
             .set(i64::try_from(stuck).unwrap_or(i64::MAX));
@@ -502,6 +507,7 @@ mod tests {
         );
         m.verdict(VerdictKind::BlockedInKernel);
         m.alert_failed(TargetKind::Webhook);
+        m.alert_not_sent(hangwatch_alert::NotSentReason::Repeat);
         m.set_dropped_total(Dropped::Beats, 5);
         m.set_dropped_total(Dropped::Beats, 5);
         m.set_dropped_total(Dropped::Beats, 8);
@@ -593,6 +599,20 @@ mod tests {
                 &format!("hangwatch_alerts_failed_total{}", s("target=\"webhook\""))
             ),
             Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &t,
+                &format!("hangwatch_alerts_not_sent_total{}", s("reason=\"repeat\""))
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &t,
+                &format!("hangwatch_alerts_not_sent_total{}", s("reason=\"dropped\""))
+            ),
+            Some(0.0)
         );
         assert_eq!(
             value(

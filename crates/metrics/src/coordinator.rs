@@ -154,6 +154,11 @@ impl CoordinatorMetrics {
         self.outcomes.alert(target, false);
     }
 
+    /// An alert was not sent: a repeat within the window, or dropped with too many in flight.
+    pub fn alert_not_sent(&self, reason: hangwatch_alert::NotSentReason) {
+        self.outcomes.alert_not_sent(reason);
+    }
+
     /// Everything, in the Prometheus text exposition format (0.0.4).
     pub fn encode(&self) -> String {
         crate::text::encode(&self.registry)

@@ -36,4 +36,14 @@ impl Kind {
     }
 }
 
-label_value_by_name!(Target, Kind);
+/// Why an alert was not sent (`reason` label of `hangwatch_alerts_not_sent_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Reason(pub hangwatch_alert::NotSentReason);
+
+impl Reason {
+    fn as_str(&self) -> &'static str {
+        self.0.as_str()
+    }
+}
+
+label_value_by_name!(Target, Kind, Reason);

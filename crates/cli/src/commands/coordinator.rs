@@ -88,11 +88,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         evidence: format!("{}:{}", this_host(), report_dir.display()),
     };
     let metrics = Arc::new(CoordinatorMetrics::new(Some(&job_id)));
-    let (sent, failed) = (Arc::clone(&metrics), Arc::clone(&metrics));
+    let (sent, failed, not_sent) = (
+        Arc::clone(&metrics),
+        Arc::clone(&metrics),
+        Arc::clone(&metrics),
+    );
     crate::alerts::count_deliveries(
         &alerter,
         move |t| sent.alert_sent(t),
         move |t| failed.alert_failed(t),
+        move |r| not_sent.alert_not_sent(r),
     );
     let mut config = Config::new(secret.clone());
     config.expected_nodes = args.nnodes;

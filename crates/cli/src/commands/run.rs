@@ -275,11 +275,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let agent_metrics = (args.metrics.is_some() || args.metrics_textfile.is_some())
         .then(|| Arc::new(AgentMetrics::new(&job_id, &metrics_node)));
     if let Some(metrics) = &agent_metrics {
-        let (sent, failed) = (Arc::clone(metrics), Arc::clone(metrics));
+        let (sent, failed, not_sent) = (
+            Arc::clone(metrics),
+            Arc::clone(metrics),
+            Arc::clone(metrics),
+        );
         crate::alerts::count_deliveries(
             &alerter,
             move |t| sent.alert_sent(t),
             move |t| failed.alert_failed(t),
+            move |r| not_sent.alert_not_sent(r),
         );
     }
     let mut config = RunConfig {
