@@ -68,6 +68,20 @@ def test_a_forked_child_never_beats_in_its_parents_slot_nor_by_datagram(agent, s
     assert ("beat", ["100"]) not in theirs, "a worker is not a rank: its beats are not sent"
 
 
+@pytest.fixture
+def fresh_forkserver():
+    """A forkserver keeps the environment it was started with (an earlier test's agent and slots): each test that
+    uses one starts its own."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+    yield
+    if stop is not None:
+        stop()
+
+
 def _worker(results) -> None:
     """A DataLoader worker's life in short: it logs through the rank's handler and beats (as library code might),
     then says what its slot was to it."""
@@ -84,7 +98,9 @@ def _worker(results) -> None:
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-def test_a_worker_started_by_spawn_forkserver_or_fork_never_takes_its_ranks_slot(agent, slots, method):
+def test_a_worker_started_by_spawn_forkserver_or_fork_never_takes_its_ranks_slot(
+    agent, slots, method, fresh_forkserver
+):
     hangwatch.beat(1)
     ctx = multiprocessing.get_context(method)
     results = ctx.Queue()
@@ -109,6 +125,38 @@ def test_a_worker_started_by_spawn_forkserver_or_fork_never_takes_its_ranks_slot
     assert logs == sorted("worker %d here" % pid for pid in worker_pids), "their log records still arrive"
 
 
+def _logging_worker(started, go) -> None:
+    """A worker that logs (its client starts) but never beats, and stays until told to go."""
+    log = logging.getLogger("hw-worker")
+    log.propagate = False
+    log.addHandler(hangwatch.LoggingHandler())
+    log.warning("worker %d here", os.getpid())
+    hangwatch.flush(5)
+    started.set()
+    go.wait(30)
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_worker_that_only_logs_before_its_ranks_first_beat_leaves_the_slot_to_the_rank(agent, slots, method):
+    ctx = multiprocessing.get_context(method)
+    started, go = ctx.Event(), ctx.Event()
+    worker = ctx.Process(target=_logging_worker, args=(started, go))
+    worker.start()
+    try:
+        assert started.wait(60), "the worker did not start"
+        assert slot(slots, 1) == (0, 0, 0, 0), "logging takes no slot"
+        hangwatch.beat(4)
+        assert hangwatch.stats()["beat_slot"] == "owned"
+        assert slot(slots, 1) == (1, 4, os.getpid(), 4)
+    finally:
+        go.set()
+        worker.join(30)
+        if worker.is_alive():
+            worker.kill()
+            worker.join(5)
+
+
 class _LoggingDataset:
     """A map-style dataset whose items are made in the DataLoader's workers, each logging and beating there."""
 
@@ -128,7 +176,7 @@ class _LoggingDataset:
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
-def test_torch_dataloader_workers_never_take_the_ranks_slot(agent, slots, method):
+def test_torch_dataloader_workers_never_take_the_ranks_slot(agent, slots, method, fresh_forkserver):
     torch_data = pytest.importorskip("torch.utils.data")
     log = logging.getLogger("hw-dataset")
     log.propagate = False

@@ -3,10 +3,10 @@ come and go, for hangwatch's tests of who owns a beat slot.
 
     python3 slot_workers_job.py --seconds S [--workers N]
 
-For S seconds (and at least one epoch per start method) the rank beats every 0.1 s (from a thread of its own, so that its progress does not depend on how
-long a spawned worker takes to import torch on a loaded machine) while its main thread runs epochs with N workers
-each, started by spawn, forkserver and fork in turn; then it prints `workers done` and stops beating for good, so
-that hangwatch must find it stalled.
+For S seconds (and at least one epoch per start method) the rank beats every 0.1 s, from a thread of its own so
+that its progress does not depend on how long a spawned worker takes to import torch on a loaded machine, while
+its main thread runs epochs with N workers each, started by spawn, forkserver and fork in turn; then it prints
+`workers done` and stops beating for good, so that hangwatch must find it stalled.
 
 Like a real job, the module's top level sends the root logger's records to the agent with hangwatch.LoggingHandler.
 A spawned (or forkserver-started) worker re-imports this module, and its dataset logs every item: the client
