@@ -1,8 +1,8 @@
 """The process's link to the hangwatch agent: socket, framing (protocol hw1), seq numbers, drop counts, fork reset.
 
 Beats go into this rank's slot of a shared-memory file the agent made (`HANGWATCH_BEATS`): one store, no system
-call; the agent reads the slots at its tick. The slot belongs to the process that holds its record lock, taken at
-its first beat; a descendant of that owner (a DataLoader worker, whether forked, spawned or started by a
+call; the agent reads the slots at its tick. The slot belongs to the process that holds its lock, taken at its
+first beat; a descendant of that owner (a DataLoader worker, whether forked, spawned or started by a
 forkserver) is not a rank and sends no beats. Without the file, or with the slot held by a process that is not an
 ancestor, beats are lossy datagrams: one non-blocking send, dropped and counted when the agent cannot take them.
 Hello, phase and log messages are kept in order: sent directly when the socket takes them, otherwise held in a
@@ -72,8 +72,8 @@ _slot_map: Any = None
 _slot_count = 0
 _slot_pack = struct.Struct("<Qq").pack_into
 _slot_fd = -1
-"""The descriptor that holds this process's record lock on its slot: kept open for the process's life, because
-closing any descriptor of the file would release the lock."""
+"""The descriptor whose open file description holds this process's lock on its slot: kept open for the process's
+life, since closing it (and the mapping's own copy) releases the lock."""
 _slot_tried = False
 """Whether this process has tried to take its slot (once, at its first beat)."""
 _slot_state = "untried"
@@ -82,7 +82,7 @@ is not a rank and sends no beats), `other` (a process that is not an ancestor ow
 `unavailable` (no file, or it cannot serve this slot: beats by datagram)."""
 _slot_lock = threading.Lock()
 _slot_forked = False
-"""Set in a forked child: it says which rank it is never, since it inherited its rank's state but is not one."""
+"""Set in a forked child: it never reports a rank (it inherited its rank's state but is not one)."""
 _MAX_ANCESTORS = 32
 """How many parents up a slot's owner is looked for (the agent's own limit for members, crates/agent/members.rs)."""
 _beat_prefix = b""
