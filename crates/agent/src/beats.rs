@@ -4,7 +4,8 @@
 //! stay for hello, phases and log records, and for beats when the file cannot be mapped (docs/wire-protocol.md).
 //!
 //! Slot `LOCAL_RANK` (else `RANK`, else 0), little-endian: `count: u64` (beats so far), `step: i64` (-1: none),
-//! `pid: u64` and `rank + 1: u64` (0: unknown), written by the rank once when it maps the file.
+//! `pid: u64` and `rank + 1: u64` (0: unknown), written once by the process that takes the slot: the one holding
+//! the lock on its bytes (python/src/hangwatch/_client.py), never a DataLoader worker of that rank.
 //!
 //! The agent reads the file with `pread` (a tmpfs page it shares with the ranks' mappings), never maps it:
 //! hangwatch keeps no unsafe memory code for it, and a read of 64 KiB each tick costs microseconds.
@@ -79,9 +80,11 @@ impl BeatSlots {
         for (i, raw) in self.buf[..n].chunks_exact(SLOT_BYTES).enumerate() {
             let slot = parse_slot(raw);
             if slot.count != self.last[i] && slot.pid > 0 {
+                // A count that fell is a new owner's (an older client starts from zero), not 2^64 beats.
+                let beats = slot.count.checked_sub(self.last[i]).unwrap_or(slot.count);
                 moved.push(Moved {
                     slot,
-                    beats: slot.count.wrapping_sub(self.last[i]).max(1),
+                    beats: beats.max(1),
                 });
                 self.last[i] = slot.count;
             }
@@ -153,6 +156,12 @@ mod tests {
         assert!(slots.take().is_empty(), "nothing moved since");
         write_slot(&writer, 0, 7, 42, 1234, 1);
         assert_eq!(slots.take()[0].beats, 2);
+        write_slot(&writer, 0, 3, 1, 1300, 1);
+        assert_eq!(
+            slots.take()[0].beats,
+            3,
+            "a new owner that counts from zero"
+        );
         assert!(
             BeatSlots::create(&path).is_err(),
             "never reuses (or follows) a file that is there"

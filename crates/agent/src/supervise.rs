@@ -3,7 +3,7 @@
 //! actions in workers (roll call + evidence + alert, termination) that report back as events. The loop itself
 //! never waits on anything but its event channel, and never prints except through [`crate::human`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
@@ -303,6 +303,9 @@ struct Supervisor {
     link: Option<Link>,
     beat_slots: Option<crate::beats::BeatSlots>,
     last_slot_look: Option<Instant>,
+    /// Events the loop gives itself (a worker thread that could not start reports its failure): kept here, never
+    /// sent into the channel that only this thread drains, where a full queue would block it on itself.
+    own_events: VecDeque<Event>,
     /// Joined to the coordinator now: it decides about hangs, this node reports.
     linked: bool,
     /// This node's observations from the last roll call the coordinator ordered.
@@ -482,6 +485,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         link,
         beat_slots,
         last_slot_look: None,
+        own_events: VecDeque::new(),
         linked: false,
         ordered_observations: None,
         ordered_verdict: None,
@@ -594,6 +598,19 @@ impl SignalThread {
     }
 }
 
+/// The loop's next event: one it gave itself first (it is the consequence of what the loop just did), else one
+/// from the channel within `wait`.
+fn next_event(
+    own: &mut VecDeque<Event>,
+    rx: &Receiver<Event>,
+    wait: Duration,
+) -> Result<Event, RecvTimeoutError> {
+    match own.pop_front() {
+        Some(event) => Ok(event),
+        None => rx.recv_timeout(wait),
+    }
+}
+
 fn install_signals(tx: SyncSender<Event>) -> std::io::Result<SignalThread> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
@@ -623,7 +640,7 @@ impl Supervisor {
         let mut next_tick = Instant::now();
         loop {
             let wait = next_tick.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(wait) {
+            match next_event(&mut self.own_events, rx, wait) {
                 Ok(event) => {
                     if let Some(outcome) = self.handle_event(event) {
                         return outcome;
@@ -1633,9 +1650,8 @@ impl Supervisor {
             });
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the roll call");
-            let _ = self
-                .events
-                .send(Event::Investigated(Box::new(Investigation {
+            self.own_events
+                .push_back(Event::Investigated(Box::new(Investigation {
                     trigger,
                     verdict: Verdict::unknown("the roll call could not be started"),
                     evidence: Some(Err(format!("cannot start the roll call: {e}"))),
@@ -1749,9 +1765,8 @@ impl Supervisor {
                 let _ =
                     nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pgid), Signal::SIGKILL);
             }
-            let _ = self
-                .events
-                .send(Event::Terminated(TerminationReport::default()));
+            self.own_events
+                .push_back(Event::Terminated(TerminationReport::default()));
         }
     }
 
@@ -2135,5 +2150,38 @@ fn remains(procfs: &ProcFs, pid: i32) -> Remains {
                     .map(|s| (tid, s.comm, s.state))
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_the_loop_gives_itself_never_waits_on_a_full_channel_and_comes_first() {
+        let (tx, rx) = sync_channel::<Event>(2);
+        tx.try_send(Event::Signal(1)).expect("room");
+        tx.try_send(Event::Signal(2)).expect("room");
+        assert!(
+            matches!(
+                tx.try_send(Event::Signal(3)),
+                Err(std::sync::mpsc::TrySendError::Full(_))
+            ),
+            "the channel is full: a blocking send from the loop's own thread would never return"
+        );
+        let mut own = VecDeque::new();
+        own.push_back(Event::Terminated(TerminationReport::default()));
+        let order: Vec<String> = (0..3)
+            .map(|_| match next_event(&mut own, &rx, Duration::ZERO) {
+                Ok(Event::Terminated(_)) => "terminated".to_owned(),
+                Ok(Event::Signal(n)) => format!("signal {n}"),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(order, ["terminated", "signal 1", "signal 2"]);
+        assert!(matches!(
+            next_event(&mut own, &rx, Duration::from_millis(1)),
+            Err(RecvTimeoutError::Timeout)
+        ));
     }
 }

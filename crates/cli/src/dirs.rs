@@ -51,7 +51,7 @@ pub fn report_root_candidates(
     uid: u32,
     node_local: &dyn Fn(&Path) -> bool,
 ) -> Vec<PathBuf> {
-    let var_tmp = PathBuf::from(format!("/var/tmp/hangwatch-{uid}"));
+    let var_tmp = default_root(uid);
     let var_tmp_local = node_local(Path::new("/var/tmp"));
     let mut out = Vec::new();
     if var_tmp_local {
@@ -78,17 +78,33 @@ pub fn state_dir(env: &dyn Env, uid: u32, node_local: &dyn Fn(&Path) -> bool) ->
     }
     match env_dir(env, "XDG_STATE_HOME", node_local) {
         Some(dir) => dir.join("hangwatch"),
-        None => PathBuf::from(format!("/var/tmp/hangwatch-{uid}/state")),
+        None => default_root(uid).join("state"),
     }
 }
 
 /// The environment variable that moves the state directory.
 pub const STATE_DIR_ENV: &str = "HANGWATCH_STATE_DIR";
 
-/// The verdict history database of this user on this node.
+/// The verdict history database of this user on this node. When the state directory is the default one under a
+/// squatted `/var/tmp/hangwatch-<uid>`, it moves to `state` in the private root that takes the evidence instead.
 pub fn history_db_path() -> PathBuf {
-    state_dir(&ProcessEnv, hangwatch_safefs::euid(), &node_local)
-        .join(hangwatch_history::DB_FILE_NAME)
+    let uid = hangwatch_safefs::euid();
+    let dir = state_dir(&ProcessEnv, uid, &node_local);
+    let usual = default_root(uid);
+    if dir.starts_with(&usual) && squatted(&usual, uid).is_some() {
+        if let Ok(root) = fallback_root(uid) {
+            return root
+                .path()
+                .join("state")
+                .join(hangwatch_history::DB_FILE_NAME);
+        }
+    }
+    dir.join(hangwatch_history::DB_FILE_NAME)
+}
+
+/// `/var/tmp/hangwatch-<uid>`: the usual per-user root.
+fn default_root(uid: u32) -> PathBuf {
+    PathBuf::from(format!("/var/tmp/hangwatch-{uid}"))
 }
 
 /// `run-20261129T214500Z-4242`: `kind`, the UTC time and the pid.
@@ -146,26 +162,170 @@ pub fn node_local(path: &Path) -> bool {
     table.is_node_local(&probe.to_string_lossy())
 }
 
-/// The per-user report root (the first candidate that opens as a private directory) and a new directory
-/// `<kind>-<UTC time>-<pid>` in it. Errors list every candidate tried and why it was refused.
-pub fn create_run_dir(kind: &str) -> Result<(PrivateDir, PrivateDir), String> {
-    let candidates = report_root_candidates(&ProcessEnv, hangwatch_safefs::euid(), &node_local);
+/// How a report root that is already there is not ours: someone else took the name first (a squat, by mistake or
+/// to catch our evidence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Squat {
+    /// A symlink, wherever it points.
+    Symlink,
+    /// Something other than a directory.
+    NotADirectory,
+    /// A directory of another user.
+    OwnedBy(u32),
+}
+
+impl std::fmt::Display for Squat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Squat::Symlink => write!(f, "is a symlink, which hangwatch never follows"),
+            Squat::NotADirectory => write!(f, "is not a directory"),
+            Squat::OwnedBy(uid) => write!(f, "belongs to uid {uid}, not to you"),
+        }
+    }
+}
+
+/// Whether a path that exists (`lstat`: symlink or not, directory or not, owner) is squatted for `euid`.
+pub fn squat_of(is_symlink: bool, is_dir: bool, owner: u32, euid: u32) -> Option<Squat> {
+    if is_symlink {
+        Some(Squat::Symlink)
+    } else if !is_dir {
+        Some(Squat::NotADirectory)
+    } else if owner != euid {
+        Some(Squat::OwnedBy(owner))
+    } else {
+        None
+    }
+}
+
+fn squatted(path: &Path, euid: u32) -> Option<Squat> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    squat_of(
+        meta.file_type().is_symlink(),
+        meta.is_dir(),
+        meta.uid(),
+        euid,
+    )
+}
+
+/// Where a fresh report root with a random name may go when the usual one is squatted: `/var/tmp`, then `/tmp`,
+/// each when node-local, then `/dev/shm` (memory: always local).
+pub fn fresh_root_parents(node_local: &dyn Fn(&Path) -> bool) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = ["/var/tmp", "/tmp"]
+        .into_iter()
+        .map(PathBuf::from)
+        .filter(|p| node_local(p))
+        .collect();
+    out.push(PathBuf::from("/dev/shm"));
+    out
+}
+
+/// The prefix of a fresh report root's name: `hangwatch-<uid>-`, then random characters.
+pub fn fresh_root_prefix(uid: u32) -> String {
+    format!("hangwatch-{uid}-")
+}
+
+/// The report root to use instead of a squatted one: a `hangwatch-<uid>-<random>` directory of ours made by an
+/// earlier run (so that runs are pruned together and the history stays in one place), else a new one under the
+/// first of [`fresh_root_parents`] that takes one. A directory of that name that is not ours (another user's, a
+/// symlink) is never used: `mkdir` fails on a name that exists, so no one can have planted the new one, and its
+/// name is random so that no one can take it first either.
+fn fallback_root(uid: u32) -> Result<PrivateDir, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let parents = fresh_root_parents(&node_local);
+    let prefix = fresh_root_prefix(uid);
+    for parent in &parents {
+        let Ok(entries) = std::fs::read_dir(parent) else {
+            continue;
+        };
+        let mut ours: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| e.path())
+            .filter(|p| squatted(p, uid).is_none())
+            .collect();
+        ours.sort();
+        if let Some(dir) = ours.iter().find_map(|p| PrivateDir::open_or_create(p).ok()) {
+            return Ok(dir);
+        }
+    }
     let mut refused = Vec::new();
+    for parent in parents {
+        let made = tempfile::Builder::new()
+            .prefix(&fresh_root_prefix(uid))
+            .rand_bytes(10)
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir_in(&parent);
+        match made {
+            Ok(dir) => {
+                let path = dir.keep();
+                return PrivateDir::open_or_create(&path)
+                    .map_err(|e| format!("{}: {}", path.display(), error_chain(&e)));
+            }
+            Err(e) => refused.push(format!("{}: {e}", parent.display())),
+        }
+    }
+    Err(refused.join("; "))
+}
+
+fn run_dir_in(root: &PrivateDir, kind: &str) -> Result<PrivateDir, SafeFsError> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    root.subdir(&run_dir_name(kind, secs, std::process::id()))
+}
+
+/// The per-user report root (the first candidate that opens as a private directory) and a new directory
+/// `<kind>-<UTC time>-<pid>` in it. When the usual root is squatted (another user's directory, a symlink) and no
+/// other candidate serves, a fresh private root with a random name takes the run, and one line says so. Errors
+/// list every candidate tried and why it was refused.
+pub fn create_run_dir(kind: &str) -> Result<(PrivateDir, PrivateDir), String> {
+    let euid = hangwatch_safefs::euid();
+    let candidates = report_root_candidates(&ProcessEnv, euid, &node_local);
+    let mut refused = Vec::new();
+    let mut squat: Option<(PathBuf, Squat)> = None;
+    let say_squat = |squat: &Option<(PathBuf, Squat)>, run: &PrivateDir| {
+        if let Some((usual, why)) = squat {
+            hangwatch_agent::human::say(format!(
+                "hangwatch: warning: {} {why}: someone else took that name; evidence goes to {} instead",
+                usual.display(),
+                run.path().display()
+            ));
+        }
+    };
     for root_path in candidates {
-        let opened = PrivateDir::open_or_create(&root_path).and_then(|root| {
-            let secs = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            let run = root.subdir(&run_dir_name(kind, secs, std::process::id()))?;
+        match PrivateDir::open_or_create(&root_path)
+            .and_then(|root| Ok((run_dir_in(&root, kind)?, root)))
+        {
+            Ok((run, root)) => {
+                say_squat(&squat, &run);
+                return Ok((root, run));
+            }
+            Err(e) => {
+                refused.push(format!("  {}: {}", root_path.display(), error_chain(&e)));
+                match squatted(&root_path, euid) {
+                    // Said in one line once a root is found.
+                    Some(why) if squat.is_none() => squat = Some((root_path.clone(), why)),
+                    _ => {
+                        tracing::warn!(root = %root_path.display(), error = %error_chain(&e), "cannot use this report root")
+                    }
+                }
+            }
+        }
+    }
+    if squat.is_some() {
+        let fresh = fallback_root(euid).and_then(|root| {
+            let run = run_dir_in(&root, kind)
+                .map_err(|e| format!("{}: {}", root.path().display(), error_chain(&e)))?;
             Ok((root, run))
         });
-        match opened {
-            Ok(dirs) => return Ok(dirs),
-            Err(e) => {
-                tracing::warn!(root = %root_path.display(), error = %error_chain(&e), "cannot use this report root");
-                refused.push(format!("  {}: {}", root_path.display(), error_chain(&e)));
+        match fresh {
+            Ok((root, run)) => {
+                say_squat(&squat, &run);
+                return Ok((root, run));
             }
+            Err(e) => refused.push(format!("  a private directory instead: {e}")),
         }
     }
     Err(format!(
@@ -340,6 +500,40 @@ mod tests {
             state_dir(&env, 5, &all_local),
             PathBuf::from("/var/tmp/hangwatch-5/state")
         );
+    }
+
+    #[test]
+    fn a_root_is_squatted_when_it_is_a_symlink_a_file_or_another_users() {
+        assert_eq!(squat_of(false, true, 1000, 1000), None);
+        assert_eq!(squat_of(true, false, 1000, 1000), Some(Squat::Symlink));
+        assert_eq!(
+            squat_of(false, false, 1000, 1000),
+            Some(Squat::NotADirectory)
+        );
+        assert_eq!(
+            squat_of(false, true, 1001, 1000),
+            Some(Squat::OwnedBy(1001))
+        );
+        assert_eq!(squat_of(false, true, 1001, 0), Some(Squat::OwnedBy(1001)));
+        assert_eq!(
+            Squat::OwnedBy(1001).to_string(),
+            "belongs to uid 1001, not to you"
+        );
+    }
+
+    #[test]
+    fn a_fresh_root_goes_to_node_local_temporary_directories_only() {
+        assert_eq!(
+            fresh_root_parents(&all_local),
+            [
+                PathBuf::from("/var/tmp"),
+                PathBuf::from("/tmp"),
+                PathBuf::from("/dev/shm")
+            ]
+        );
+        let shared = |p: &Path| !p.starts_with("/var/tmp") && !p.starts_with("/tmp");
+        assert_eq!(fresh_root_parents(&shared), [PathBuf::from("/dev/shm")]);
+        assert_eq!(fresh_root_prefix(7), "hangwatch-7-");
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! System tests of where `hangwatch run` writes on a node that several users share: root and an unprivileged
 //! user run with the default report directory one after the other and at the same time; a symlink planted where a
 //! report file goes is refused and its target left untouched; old run directories are pruned to `--keep-runs`;
-//! zero thresholds are usage errors; no fd of hangwatch leaks into the ranks. Real processes throughout; users are
-//! switched with `setpriv` (util-linux).
+//! zero thresholds are usage errors; no fd of hangwatch leaks into the ranks; a per-user root that someone else
+//! took first (their directory, a symlink; for root too, in a mount namespace of its own) moves the evidence to a
+//! private directory with a random name. Real processes throughout; users are switched with `setpriv`
+//! (util-linux).
 
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -546,4 +548,175 @@ fn no_fd_of_hangwatch_leaks_into_the_ranks() {
             "rank {rank} inherited fds beyond 0, 1, 2: {extra:?}"
         );
     }
+}
+
+/// `/var/tmp/hangwatch-<victim>` taken first by `squatter`, and whatever the victim's runs leave under
+/// `/var/tmp/hangwatch-<victim>-*`: removed before and after.
+struct Squatted {
+    usual: PathBuf,
+    victim: u32,
+}
+
+impl Squatted {
+    fn clean(victim: u32) {
+        let prefix = format!("hangwatch-{victim}");
+        for entry in std::fs::read_dir("/var/tmp").expect("test setup").flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name == prefix || name.starts_with(&format!("{prefix}-")) {
+                let path = entry.path();
+                let removed = match std::fs::symlink_metadata(&path) {
+                    Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path),
+                    _ => std::fs::remove_file(&path),
+                };
+                removed.expect("test setup");
+            }
+        }
+    }
+
+    /// Another user's directory, 0700, where the victim's per-user root goes.
+    fn by_another_user(victim: u32, squatter: u32) -> Squatted {
+        Self::clean(victim);
+        let usual = PathBuf::from(format!("/var/tmp/hangwatch-{victim}"));
+        std::fs::create_dir(&usual).expect("test setup");
+        std::os::unix::fs::chown(&usual, Some(squatter), Some(squatter)).expect("test setup");
+        std::fs::set_permissions(&usual, std::fs::Permissions::from_mode(0o700))
+            .expect("test setup");
+        Squatted { usual, victim }
+    }
+
+    /// A symlink there, to a directory of the victim's (which the symlink would have them write into).
+    fn by_a_symlink(victim: u32, target: &Path) -> Squatted {
+        Self::clean(victim);
+        let usual = PathBuf::from(format!("/var/tmp/hangwatch-{victim}"));
+        std::os::unix::fs::symlink(target, &usual).expect("test setup");
+        Squatted { usual, victim }
+    }
+}
+
+impl Drop for Squatted {
+    fn drop(&mut self) {
+        Self::clean(self.victim);
+    }
+}
+
+/// The run's report directory, checked: a private `run-*` directory in a private `hangwatch-<uid>-<random>` root
+/// of `uid` under /var/tmp, announced in one line naming the squatted directory.
+fn check_fallback_report_dir(ended: &Ended, uid: u32, squat: &str) -> PathBuf {
+    assert_eq!(ended.code, Some(0), "{}", ended.describe());
+    let dir = PathBuf::from(
+        ended.json()["report_dir"]
+            .as_str()
+            .expect("report_dir in the JSON"),
+    );
+    let root = dir.parent().expect("a root").to_path_buf();
+    let root_name = root.file_name().expect("named").to_string_lossy();
+    let random = root_name
+        .strip_prefix(&format!("hangwatch-{uid}-"))
+        .unwrap_or_else(|| panic!("{}: {}", root.display(), ended.describe()));
+    assert!(random.len() >= 8, "{root_name}");
+    assert_eq!(root.parent(), Some(Path::new("/var/tmp")));
+    assert_eq!(mode_and_owner(&root), (0o700, uid), "{}", root.display());
+    assert_eq!(mode_and_owner(&dir), (0o700, uid), "{}", dir.display());
+    assert_eq!(mode_and_owner(&dir.join("output.log")), (0o600, uid));
+    let said = format!(
+        "hangwatch: warning: /var/tmp/hangwatch-{uid} {squat}: someone else took that name; evidence goes to {} instead",
+        dir.display()
+    );
+    let lines: Vec<&str> = ended
+        .stderr
+        .lines()
+        .filter(|l| l.contains("someone else"))
+        .collect();
+    assert_eq!(lines, [said.as_str()], "{}", ended.describe());
+    dir
+}
+
+#[test]
+fn a_per_user_root_squatted_by_another_user_or_a_symlink_moves_the_evidence_to_a_private_random_directory(
+) {
+    root_or_skip!();
+    const VICTIM: u32 = 54_325;
+    const SQUATTER: u32 = 54_326;
+    let bin = SharedBinary::new();
+    let run = || {
+        bin.command(
+            Some(VICTIM),
+            &["run", "--json", "--", python(), "-c", "print('ok')"],
+        )
+    };
+
+    let squat = Squatted::by_another_user(VICTIM, SQUATTER);
+    let first = check_fallback_report_dir(
+        &start(run(), "hangwatch run").wait(),
+        VICTIM,
+        "belongs to uid 54326, not to you",
+    );
+    // The next run finds the same private root (its runs are pruned together), never the squatter's directory.
+    let second = check_fallback_report_dir(
+        &start(run(), "hangwatch run").wait(),
+        VICTIM,
+        "belongs to uid 54326, not to you",
+    );
+    assert_ne!(first, second);
+    assert_eq!(first.parent(), second.parent());
+    assert_eq!(
+        std::fs::read_dir(&squat.usual).expect("read").count(),
+        0,
+        "nothing was written into the squatter's directory"
+    );
+    assert_eq!(mode_and_owner(&squat.usual), (0o700, SQUATTER));
+    drop(squat);
+
+    // A symlink to a directory the victim can write: never followed.
+    let target = tempfile::tempdir().expect("test setup");
+    std::os::unix::fs::chown(target.path(), Some(VICTIM), Some(VICTIM)).expect("test setup");
+    let squat = Squatted::by_a_symlink(VICTIM, target.path());
+    check_fallback_report_dir(
+        &start(run(), "hangwatch run").wait(),
+        VICTIM,
+        "is a symlink, which hangwatch never follows",
+    );
+    assert_eq!(
+        std::fs::read_dir(target.path()).expect("read").count(),
+        0,
+        "nothing was written through the symlink"
+    );
+    drop(squat);
+}
+
+#[test]
+fn roots_per_user_root_squatted_by_another_user_moves_the_evidence_too() {
+    root_or_skip!();
+    // Root's own /var/tmp/hangwatch-0 is in use by other tests and runs: the squat is made in a private mount
+    // namespace with a tmpfs of its own on /var/tmp, where hangwatch then runs as root.
+    let bin = SharedBinary::new();
+    let script = format!(
+        "mount -t tmpfs tmpfs /var/tmp && mkdir -m 700 /var/tmp/hangwatch-0 && chown 54326:54326 /var/tmp/hangwatch-0 \
+         && exec {} run --json -- {} -c \"print('ok')\"",
+        bin.path.display(),
+        python()
+    );
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("SLURM_TMPDIR")
+        .env_remove("XDG_STATE_HOME")
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let ended = start(cmd, "hangwatch run (root, in a mount namespace)").wait();
+    assert_eq!(ended.code, Some(0), "{}", ended.describe());
+    let dir = ended.json()["report_dir"]
+        .as_str()
+        .expect("report_dir")
+        .to_owned();
+    assert!(dir.starts_with("/var/tmp/hangwatch-0-"), "{dir}");
+    assert!(
+        ended.stderr.contains(&format!(
+            "hangwatch: warning: /var/tmp/hangwatch-0 belongs to uid 54326, not to you: someone else took that name; evidence goes to {dir} instead"
+        )),
+        "{}",
+        ended.describe()
+    );
 }

@@ -1,16 +1,18 @@
 """The process's link to the hangwatch agent: socket, framing (protocol hw1), seq numbers, drop counts, fork reset.
 
 Beats go into this rank's slot of a shared-memory file the agent made (`HANGWATCH_BEATS`): one store, no system
-call; the agent reads the slots at its tick. Without the file (or in a forked child, which must not write its
-parent's slot) beats are lossy datagrams: one non-blocking send, dropped and counted when the agent cannot take
-them. Hello, phase and log
-messages are kept in order: sent directly when the socket takes them, otherwise held in a bounded in-memory queue
-that a daemon thread drains. Nothing here blocks or raises into the caller.
+call; the agent reads the slots at its tick. The slot belongs to the process that holds its lock, taken at its
+first beat; a descendant of that owner (a DataLoader worker, whether forked, spawned or started by a
+forkserver) is not a rank and sends no beats. Without the file, or with the slot held by a process that is not an
+ancestor, beats are lossy datagrams: one non-blocking send, dropped and counted when the agent cannot take them.
+Hello, phase and log messages are kept in order: sent directly when the socket takes them, otherwise held in a
+bounded in-memory queue that a daemon thread drains. Nothing here blocks or raises into the caller.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import itertools
 import mmap
 import os
@@ -69,8 +71,20 @@ _slot: Any = None
 _slot_map: Any = None
 _slot_count = 0
 _slot_pack = struct.Struct("<Qq").pack_into
+_slot_fd = -1
+"""The descriptor whose open file description holds this process's lock on its slot: kept open for the process's
+life, since closing it (and the mapping's own copy) releases the lock."""
+_slot_tried = False
+"""Whether this process has tried to take its slot (once, at its first beat)."""
+_slot_state = "untried"
+"""What the slot is to this process, for `stats()`: `untried`, `owned`, `worker` (an ancestor owns it: this process
+is not a rank and sends no beats), `other` (a process that is not an ancestor owns it: beats by datagram), or
+`unavailable` (no file, or it cannot serve this slot: beats by datagram)."""
+_slot_lock = threading.Lock()
 _slot_forked = False
-"""Set in a forked child: it never maps the slots (it would beat in its parent's slot)."""
+"""Set in a forked child: it never reports a rank (it inherited its rank's state but is not one)."""
+_MAX_ANCESTORS = 32
+"""How many parents up a slot's owner is looked for (the agent's own limit for members, crates/agent/members.rs)."""
 _beat_prefix = b""
 _beat_format = b""
 _beat_no_step = b""
@@ -101,7 +115,7 @@ def beat(step: Optional[int] = None) -> None:
             _slot_odd_step(slot, step)
         return
     send = _send
-    if send is None:
+    if send is None or not _slot_tried:
         if _mode != _DISABLED:
             _beat_cold(step)
         return
@@ -135,12 +149,17 @@ def _slot_odd_step(slot: Any, step: Any) -> None:
 
 
 def _beat_cold(step: Any) -> None:
-    """Beat while not connected: first call of the process, no agent configured, or agent unreachable."""
+    """Beat while not connected (first call of the process, no agent configured, or agent unreachable) or before
+    this process has tried to take its slot."""
     try:
         connected = _connect_if_due()
-        if connected or _slot is not None:
+        if _mode == _DISABLED:
+            return
+        if not _slot_tried:
+            _claim_slot()
+        if _slot is not None or (connected and _slot_tried):
             beat(step)
-        elif _mode != _DISABLED:
+        else:
             _next_seq()
             _drop("beat")
     except Exception:
@@ -210,7 +229,8 @@ def stats() -> Dict[str, Any]:
         "dropped": dropped,
         "queued": queued,
         "dropped_by_type": by_type,
-        "beats_in_slot": _slot_count,
+        "beats_in_slot": _slot_count if _slot_state == "owned" else 0,
+        "beat_slot": _slot_state,
     }
 
 
@@ -263,33 +283,103 @@ def _init_from_env() -> None:
         _header_tail = b" " + rank + b" " + pid + b" "
         _retry_at = 0.0
         _mode = _DOWN
-        _map_slot()
 
 
-def _map_slot() -> None:
-    """Maps this rank's beat slot (slot LOCAL_RANK, else RANK, else 0) and writes its pid and rank there. Any
-    problem leaves beats on datagrams, said once."""
-    global _slot, _slot_map
-    path = os.environ.get(ENV_BEATS, "")
-    if not path or _slot_forked:
+def _claim_slot() -> None:
+    """Takes this process's beat slot (slot LOCAL_RANK, else RANK, else 0) at its first beat, and writes its pid and
+    rank there.
+
+    Why a lock and not the environment: a DataLoader worker started by spawn or forkserver re-imports hangwatch
+    with its rank's environment and would otherwise overwrite the rank's pid; once it exited the agent would ignore
+    the rank's beats. A lock on the slot's bytes has one holder, and the kernel releases it when its holder exits
+    (a restarted rank takes the slot again). Taking it never waits. A process that finds the slot held by one of
+    its ancestors is that rank's worker and sends no beats; held by anyone else (`torch.multiprocessing.spawn`'s
+    ranks, which share slot 0), its beats go by datagram. Any problem leaves beats on datagrams, said once."""
+    global _slot, _slot_map, _slot_fd, _slot_tried, _slot_state, _slot_count
+    if not _slot_lock.acquire(blocking=False):
         return
     try:
-        index = int(os.environ.get("LOCAL_RANK") or os.environ.get("RANK") or 0)
-        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+        if _slot_tried:
+            return
+        _slot_tried = True
+        _slot_state = "unavailable"
+        path = os.environ.get(ENV_BEATS, "")
+        if not path:
+            return
         try:
-            size = os.fstat(fd).st_size
-            if index < 0 or (index + 1) * SLOT_BYTES > size:
-                raise ValueError("slot %d is beyond the %d slots of %s" % (index, size // SLOT_BYTES, path))
-            mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        view = memoryview(mapped)[index * SLOT_BYTES : index * SLOT_BYTES + 32]
-        rank = (os.environ.get("RANK") or "").strip()
-        struct.pack_into("<QQ", view, 16, os.getpid(), int(rank) + 1 if rank.isdigit() else 0)
-        _slot_map = mapped
-        _slot = view[:16]
-    except (OSError, ValueError) as exc:
-        _warn_once("slot", "cannot use the beat slots at %s (%s); beats go by datagram" % (path, exc))
+            index = int(os.environ.get("LOCAL_RANK") or os.environ.get("RANK") or 0)
+            fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                size = os.fstat(fd).st_size
+                if index < 0 or (index + 1) * SLOT_BYTES > size:
+                    raise ValueError("slot %d is beyond the %d slots of %s" % (index, size // SLOT_BYTES, path))
+                try:
+                    _lock_slot(fd, index * SLOT_BYTES)
+                except OSError as exc:
+                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                    owner = struct.unpack("<Q", os.pread(fd, 8, index * SLOT_BYTES + 16))[0]
+                    os.close(fd)
+                    if _is_ancestor(owner):
+                        # Not a rank: a private buffer takes its beats, so that the hot path stays one store.
+                        _slot_state = "worker"
+                        _slot = memoryview(bytearray(16))
+                    else:
+                        _slot_state = "other"
+                    return
+                mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            except BaseException:
+                os.close(fd)
+                raise
+            view = memoryview(mapped)[index * SLOT_BYTES : index * SLOT_BYTES + 32]
+            rank = (os.environ.get("RANK") or "").strip()
+            # A previous owner's count goes on, so that the agent never sees it fall.
+            _slot_count = struct.unpack_from("<Q", view, 0)[0]
+            struct.pack_into("<QQ", view, 16, os.getpid(), int(rank) + 1 if rank.isdigit() else 0)
+            _slot_fd = fd
+            _slot_map = mapped
+            _slot = view[:16]
+            _slot_state = "owned"
+        except (OSError, ValueError) as exc:
+            _warn_once("slot", "cannot use the beat slots at %s (%s); beats go by datagram" % (path, exc))
+    finally:
+        _slot_lock.release()
+
+
+_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
+
+
+def _lock_slot(fd: int, start: int) -> None:
+    """Locks one slot's bytes for writing without waiting; OSError(EAGAIN or EACCES) when another holds them.
+
+    An open-file-description lock (Linux 3.15+) belongs to this open of the file: closing another descriptor of
+    the same file (a tool that reads the slots, a test) does not release it, as it would a POSIX record lock. A
+    forked child shares the description until it closes its copies, which the fork hook does at once."""
+    if _OFD_SETLK is None:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, SLOT_BYTES, start)
+        return
+    flock = struct.pack("@hhqqi0q", fcntl.F_WRLCK, os.SEEK_SET, start, SLOT_BYTES, 0)
+    fcntl.fcntl(fd, _OFD_SETLK, flock)
+
+
+def _is_ancestor(pid: int) -> bool:
+    """Whether `pid` is this process's parent, grandparent, ... (through `/proc/PID/stat`, which never waits on
+    the process's memory)."""
+    if pid <= 1:
+        return False
+    current = os.getppid()
+    for _ in range(_MAX_ANCESTORS):
+        if current == pid:
+            return True
+        if current <= 1:
+            return False
+        try:
+            with open("/proc/%d/stat" % current, "rb") as f:
+                stat = f.read()
+            current = int(stat[stat.rindex(b")") + 2 :].split(b" ", 2)[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
 
 
 def _field(value: Optional[str]) -> bytes:
@@ -550,13 +640,23 @@ def _reset(forked: bool = False) -> None:
     global _send, _beat_prefix, _beat_format, _beat_no_step, _seq_counter, _next_seq, _mode, _path, _sock
     global _header_tail, _local_rank
     global _retry_at, _conn_lock, _stats_lock, _dropped, _warned, _outbox
-    global _slot, _slot_map, _slot_count, _slot_forked
+    global _slot, _slot_map, _slot_count, _slot_forked, _slot_fd, _slot_tried, _slot_state, _slot_lock
     old_sock, old_outbox = _sock, _outbox
     _send = None
-    # The mapping stays with the parent's pages; a child only forgets it (never unmaps what the parent uses).
+    # The mapping stays with the parent's pages; a child only forgets it (never unmaps what the parent uses) and
+    # closes its copies of the descriptor, so that the slot's lock stays with the parent alone.
     _slot = None
     _slot_map = None
     _slot_count = 0
+    if _slot_fd >= 0:
+        try:
+            os.close(_slot_fd)
+        except OSError:
+            pass
+    _slot_fd = -1
+    _slot_tried = False
+    _slot_state = "untried"
+    _slot_lock = threading.Lock()
     if forked:
         _slot_forked = True
     _conn_lock = threading.Lock()
