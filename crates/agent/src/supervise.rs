@@ -42,7 +42,7 @@ use hangwatch_alert::{Alert, Alerter, Stage};
 pub use hangwatch_diagnosis::{is_conclusive, OnHang};
 
 /// Exit code when hangwatch ended a hung job (EX_TEMPFAIL: retryable).
-pub const EXIT_HUNG: i32 = 75;
+pub use hangwatch_model::exit::EXIT_HUNG;
 
 /// How long the evidence writer may take before it is abandoned (a report directory on a frozen filesystem).
 const EVIDENCE_DEADLINE: Duration = Duration::from_secs(5);

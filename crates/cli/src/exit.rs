@@ -2,13 +2,14 @@
 
 use std::process::ExitCode;
 
-/// Usage or configuration error.
-pub const USAGE: u8 = 2;
+use hangwatch_model::exit::{EXIT_FAILURE, EXIT_HUNG, EXIT_USAGE};
+
+/// Usage or configuration error, as `ExitCode` takes it.
+pub const USAGE: u8 = EXIT_USAGE as u8;
 /// hangwatch's own failure.
-pub const FAILURE: u8 = 1;
-/// hangwatch ended a hung job (EX_TEMPFAIL: retryable).
-#[allow(dead_code)]
-pub const HUNG_JOB_ENDED: u8 = 75;
+pub const FAILURE: u8 = EXIT_FAILURE as u8;
+/// hangwatch ended a hung job (the coordinator's exit as the agents').
+pub const HUNG: u8 = EXIT_HUNG as u8;
 
 /// An error in what the user asked for: printed with its causes, exit code 2.
 #[derive(Debug)]

@@ -27,7 +27,7 @@ const SLURM_DEADLINE: Duration = Duration::from_secs(15);
 
 /// Exit code of `run` when the job hung again and the restart budget is spent: no next attempt (SPEC "Exit
 /// codes").
-pub const EXIT_BUDGET_SPENT: i32 = 76;
+pub use hangwatch_model::exit::EXIT_BUDGET_SPENT;
 
 /// The environment variables a restarted attempt's ranks get, so that the job can tell it is a restart.
 pub const ENV_ATTEMPT: &str = "HANGWATCH_ATTEMPT";

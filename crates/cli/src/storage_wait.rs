@@ -11,7 +11,7 @@ use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_model::format_duration;
 
 /// Exit code of `run` when an attempt gave up waiting for the storage that hung the one before.
-pub const EXIT_STORAGE_GAVE_UP: i32 = 77;
+pub use hangwatch_model::exit::EXIT_STORAGE_GAVE_UP;
 
 /// How often the mounts are probed while they do not answer.
 const PROBE_EVERY: Duration = Duration::from_secs(5);

@@ -6,6 +6,7 @@
 mod clock;
 mod death;
 mod errors;
+pub mod exit;
 mod node;
 mod observation;
 mod recurrence;

@@ -61,9 +61,6 @@ pub struct Args {
     metrics: Option<SocketAddr>,
 }
 
-/// Exit code of the coordinator when it ended a hung job (as the agents').
-const EXIT_HUNG: u8 = 75;
-
 /// Reads the token, refusing a file that its group or others may read (or write), and derives the job's link key
 /// from it and `job_id`.
 pub fn read_job_secret(path: &Path, job_id: &str) -> anyhow::Result<JobSecret> {
@@ -165,7 +162,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     drop(report);
     Ok(if ending.terminated {
-        ExitCode::from(EXIT_HUNG)
+        ExitCode::from(crate::exit::HUNG)
     } else {
         ExitCode::SUCCESS
     })
