@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hangwatch_model::{NodeObservations, Verdict};
+use hangwatch_model::{NodeObservations, StallTier, Verdict};
 use hangwatch_rpc::pb::{self, order};
 use hangwatch_rpc::{
     connect, encode_observations, with_deadline, ConnectError, JobSecret, ProgressCoalescer,
@@ -62,17 +62,9 @@ pub enum LinkEvent {
     },
 }
 
-/// The stall tier the node's own detector reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeStallTier {
-    Healthy,
-    Soft,
-    Hard,
-}
-
 struct Shared {
     coalescer: ProgressCoalescer,
-    stall: (NodeStallTier, Duration),
+    stall: (StallTier, Duration),
     fs_stuck: bool,
     /// Set when the job ended on this node: the agent's exit code, and how each rank ended.
     leaving: Option<i32>,
@@ -115,7 +107,7 @@ impl Link {
     pub fn start(config: LinkConfig, events: SyncSender<Event>) -> std::io::Result<Link> {
         let shared = Arc::new(Mutex::new(Shared {
             coalescer: ProgressCoalescer::new(DEFAULT_PROGRESS_INTERVAL, config.ranks.clone()),
-            stall: (NodeStallTier::Healthy, Duration::ZERO),
+            stall: (StallTier::Healthy, Duration::ZERO),
             fs_stuck: false,
             leaving: None,
             exits: Vec::new(),
@@ -157,7 +149,7 @@ impl Link {
     }
 
     /// What the node's detector says now, and whether its fast path holds.
-    pub fn stall(&self, tier: NodeStallTier, stalled_for: Duration, fs_stuck: bool) {
+    pub fn stall(&self, tier: StallTier, stalled_for: Duration, fs_stuck: bool) {
         let mut shared = self.shared();
         shared.stall = (tier, stalled_for);
         shared.fs_stuck = fs_stuck;
@@ -480,11 +472,7 @@ fn report(
     }
     let mut report = report?;
     let (tier, stalled_for) = shared.stall;
-    report.stall = match tier {
-        NodeStallTier::Healthy => pb::StallTier::StallHealthy,
-        NodeStallTier::Soft => pb::StallTier::StallSoft,
-        NodeStallTier::Hard => pb::StallTier::StallHard,
-    } as i32;
+    report.stall = hangwatch_rpc::stall_tier_to_wire(tier) as i32;
     report.stalled_for_ms = u64::try_from(stalled_for.as_millis()).unwrap_or(u64::MAX);
     report.fs_stuck = shared.fs_stuck;
     if let Some(code) = shared.leaving {

@@ -44,16 +44,10 @@ pub fn feed(metrics: &AgentMetrics, input: FeedInput<'_>) {
     } = input;
     let threshold = detector.threshold();
     let stalled_for = detector.stalled_for(now);
-    let state_of = |quiet: Duration| {
-        if quiet >= threshold.hard {
-            StallState::Stalled
-        } else if quiet >= threshold.soft {
-            StallState::Suspected
-        } else {
-            StallState::Healthy
-        }
-    };
-    metrics.set_stall(state_of(stalled_for), stalled_for);
+    metrics.set_stall(
+        StallState::from(threshold.tier_of(stalled_for)),
+        stalled_for,
+    );
     metrics.set_thresholds(
         threshold.soft,
         threshold.hard,
@@ -77,11 +71,7 @@ pub fn feed(metrics: &AgentMetrics, input: FeedInput<'_>) {
             RankState::Exited
         } else {
             live += 1;
-            match state_of(quiet) {
-                StallState::Healthy => RankState::Healthy,
-                StallState::Suspected => RankState::Suspected,
-                StallState::Stalled => RankState::Stalled,
-            }
+            RankState::from(threshold.tier_of(quiet))
         };
         metrics.set_rank(rank, quiet, state);
     }

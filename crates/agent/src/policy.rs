@@ -19,6 +19,7 @@ use std::time::Duration;
 
 pub use hangwatch_diagnosis::OnHang;
 use hangwatch_diagnosis::{ActivityHold, ActivityRule, AfterLook, HoldCheck, HoldNotice, Look};
+use hangwatch_model::StallTier;
 
 /// Why a roll call is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,7 +134,7 @@ pub enum Action {
 pub enum Input {
     /// The supervision tick: the detector's state now and the job's.
     Tick {
-        stall: Stall,
+        stall: StallTier,
         /// A rank failed this long ago (`--nproc` mode): while others still run, past `failed_rank_grace` that
         /// is a hang; once the job is gone, its post-mortem is taken.
         failed_rank_for: Option<Duration>,
@@ -160,14 +161,6 @@ pub enum Input {
     Terminated,
     /// The job's coordinator ordered the job ended (multi-node): keep this node's evidence, end the ranks.
     TerminateOrdered,
-}
-
-/// The detector's state, without the details the policy does not need.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stall {
-    Healthy,
-    Soft,
-    Hard,
 }
 
 /// Settings of the policy.
@@ -367,7 +360,7 @@ impl Policy {
 
     fn tick(
         &mut self,
-        stall: Stall,
+        stall: StallTier,
         failed_rank_for: Option<Duration>,
         job_alive: bool,
         only_stuck_left: bool,
@@ -414,7 +407,7 @@ impl Policy {
             _ => return Vec::new(),
         }
         let mut actions = Vec::new();
-        if stall == Stall::Healthy && failed_rank_for.is_none() && !fs_stuck {
+        if stall == StallTier::Healthy && failed_rank_for.is_none() && !fs_stuck {
             if self.soft_done || self.hard_done || self.fast_done {
                 actions.push(Action::Say(Notice::ProgressResumed));
             }
@@ -426,7 +419,7 @@ impl Policy {
             return actions;
         }
         if self.rollcall.is_some() {
-            if stall == Stall::Hard {
+            if stall == StallTier::Hard {
                 self.hard_pending = true;
             }
             return actions;
@@ -436,12 +429,12 @@ impl Policy {
                 self.fast_done = true;
                 actions.push(self.start_rollcall(Trigger::FsStall));
             }
-            Stall::Hard if !self.hard_done => {
+            StallTier::Hard if !self.hard_done => {
                 self.hard_done = true;
                 self.soft_done = true;
                 actions.push(self.start_rollcall(Trigger::Hard));
             }
-            Stall::Soft if !self.soft_done => {
+            StallTier::Soft if !self.soft_done => {
                 self.soft_done = true;
                 actions.push(self.start_rollcall(Trigger::Soft));
             }
@@ -618,7 +611,7 @@ mod tests {
         })
     }
 
-    fn tick(stall: Stall) -> Input {
+    fn tick(stall: StallTier) -> Input {
         Input::Tick {
             stall,
             failed_rank_for: None,
@@ -630,7 +623,7 @@ mod tests {
     }
 
     const GONE: Input = Input::Tick {
-        stall: Stall::Healthy,
+        stall: StallTier::Healthy,
         failed_rank_for: None,
         job_alive: false,
         only_stuck_left: false,
@@ -641,7 +634,7 @@ mod tests {
     /// The job is gone; a rank failed `ago` before.
     fn gone_after_failure(ago: f64) -> Input {
         Input::Tick {
-            stall: Stall::Healthy,
+            stall: StallTier::Healthy,
             failed_rank_for: Some(s(ago)),
             job_alive: false,
             only_stuck_left: false,
@@ -653,7 +646,7 @@ mod tests {
     #[test]
     fn a_job_that_ended_because_a_rank_failed_gets_a_post_mortem_then_its_own_code() {
         let mut p = policy(OnHang::Abort);
-        assert!(p.handle(tick(Stall::Healthy), s(1.0)).is_empty());
+        assert!(p.handle(tick(StallTier::Healthy), s(1.0)).is_empty());
         assert_eq!(
             p.handle(gone_after_failure(0.1), s(2.0)),
             vec![Action::RollCall(Trigger::PostMortem)]
@@ -694,7 +687,7 @@ mod tests {
     fn a_job_that_fails_during_a_roll_call_gets_its_post_mortem_after_it() {
         let mut p = policy(OnHang::Observe);
         assert_eq!(
-            p.handle(tick(Stall::Soft), s(1.0)),
+            p.handle(tick(StallTier::Soft), s(1.0)),
             vec![Action::RollCall(Trigger::Soft)]
         );
         assert!(p.handle(gone_after_failure(0.1), s(2.0)).is_empty());
@@ -726,7 +719,7 @@ mod tests {
     fn a_failed_rank_already_judged_while_its_peers_waited_gets_no_second_verdict() {
         let mut p = policy(OnHang::Observe);
         let waiting = Input::Tick {
-            stall: Stall::Healthy,
+            stall: StallTier::Healthy,
             failed_rank_for: Some(s(31.0)),
             job_alive: true,
             only_stuck_left: false,
@@ -756,7 +749,7 @@ mod tests {
     #[test]
     fn a_healthy_job_that_ends_finishes_with_its_own_code() {
         let mut p = policy(OnHang::Abort);
-        assert!(p.handle(tick(Stall::Healthy), s(1.0)).is_empty());
+        assert!(p.handle(tick(StallTier::Healthy), s(1.0)).is_empty());
         assert_eq!(
             p.handle(GONE, s(2.0)),
             vec![Action::Finish(Ending::ByItself)]
@@ -768,11 +761,11 @@ mod tests {
     fn soft_tier_looks_once_and_acts_only_on_conclusive_evidence() {
         let mut p = policy(OnHang::Abort);
         assert_eq!(
-            p.handle(tick(Stall::Soft), s(1.0)),
+            p.handle(tick(StallTier::Soft), s(1.0)),
             vec![Action::RollCall(Trigger::Soft)]
         );
         assert!(
-            p.handle(tick(Stall::Soft), s(1.2)).is_empty(),
+            p.handle(tick(StallTier::Soft), s(1.2)).is_empty(),
             "one roll call at a time"
         );
         let done = Input::RollCallDone {
@@ -782,11 +775,11 @@ mod tests {
         };
         assert!(p.handle(done, s(2.0)).is_empty());
         assert!(
-            p.handle(tick(Stall::Soft), s(2.2)).is_empty(),
+            p.handle(tick(StallTier::Soft), s(2.2)).is_empty(),
             "not again at the same tier"
         );
         assert_eq!(
-            p.handle(tick(Stall::Hard), s(5.0)),
+            p.handle(tick(StallTier::Hard), s(5.0)),
             vec![Action::RollCall(Trigger::Hard)]
         );
         let actions = p.handle(
@@ -798,14 +791,14 @@ mod tests {
             s(6.0),
         );
         assert_eq!(actions.last(), Some(&Action::Terminate { kill_now: false }));
-        assert!(p.handle(tick(Stall::Hard), s(6.2)).is_empty());
+        assert!(p.handle(tick(StallTier::Hard), s(6.2)).is_empty());
         assert_eq!(
             p.handle(Input::Terminated, s(20.0)),
             vec![Action::Finish(Ending::Hung)]
         );
     }
 
-    fn stalled(stall: Stall, stalled_for: f64) -> Input {
+    fn stalled(stall: StallTier, stalled_for: f64) -> Input {
         Input::Tick {
             stall,
             failed_rank_for: None,
@@ -828,7 +821,7 @@ mod tests {
     fn ranks_that_compute_in_silence_are_not_ended_until_max_stall() {
         let mut p = policy(OnHang::Abort);
         assert_eq!(
-            p.handle(stalled(Stall::Soft, 60.0), s(100.0)),
+            p.handle(stalled(StallTier::Soft, 60.0), s(100.0)),
             vec![Action::RollCall(Trigger::Soft)]
         );
         assert_eq!(
@@ -838,22 +831,24 @@ mod tests {
         );
         assert!(p.computing_without_progress());
         assert_eq!(
-            p.handle(stalled(Stall::Hard, 120.0), s(160.0)),
+            p.handle(stalled(StallTier::Hard, 120.0), s(160.0)),
             vec![Action::RollCall(Trigger::Hard)]
         );
         assert!(
             p.handle(done(Trigger::Hard, true), s(161.0)).is_empty(),
             "the hard tier is held back, and not said again"
         );
-        assert!(p.handle(stalled(Stall::Hard, 140.0), s(180.0)).is_empty());
+        assert!(p
+            .handle(stalled(StallTier::Hard, 140.0), s(180.0))
+            .is_empty());
         assert_eq!(
-            p.handle(stalled(Stall::Hard, 152.0), s(192.0)),
+            p.handle(stalled(StallTier::Hard, 152.0), s(192.0)),
             vec![Action::RollCall(Trigger::Recheck)],
             "looked at again 30 s later"
         );
         assert!(p.handle(done(Trigger::Recheck, true), s(193.0)).is_empty());
         assert_eq!(
-            p.handle(stalled(Stall::Hard, 1800.0), s(1840.0)),
+            p.handle(stalled(StallTier::Hard, 1800.0), s(1840.0)),
             vec![Action::RollCall(Trigger::MaxStall)]
         );
         assert_eq!(
@@ -870,25 +865,25 @@ mod tests {
     #[test]
     fn work_that_stops_during_a_hold_is_acted_on_and_progress_ends_the_hold() {
         let mut p = policy(OnHang::Abort);
-        p.handle(stalled(Stall::Hard, 120.0), s(120.0));
+        p.handle(stalled(StallTier::Hard, 120.0), s(120.0));
         assert_eq!(
             p.handle(done(Trigger::Hard, true), s(121.0)),
             vec![Action::Say(Notice::Computing), Action::AlertComputing]
         );
         assert!(
-            p.handle(stalled(Stall::Healthy, 0.0), s(140.0))
+            p.handle(stalled(StallTier::Healthy, 0.0), s(140.0))
                 .contains(&Action::Say(Notice::ProgressResumed)),
             "the evaluation ended and training resumed"
         );
         assert!(!p.computing_without_progress());
-        p.handle(stalled(Stall::Hard, 120.0), s(300.0));
+        p.handle(stalled(StallTier::Hard, 120.0), s(300.0));
         assert_eq!(
             p.handle(done(Trigger::Hard, true), s(301.0)),
             vec![Action::Say(Notice::Computing), Action::AlertComputing],
             "a new stall is said again"
         );
         assert_eq!(
-            p.handle(stalled(Stall::Hard, 150.0), s(331.0)),
+            p.handle(stalled(StallTier::Hard, 150.0), s(331.0)),
             vec![Action::RollCall(Trigger::Recheck)]
         );
         assert!(
@@ -896,7 +891,7 @@ mod tests {
             "the stop is confirmed by one more look"
         );
         assert_eq!(
-            p.handle(stalled(Stall::Hard, 156.0), s(337.0)),
+            p.handle(stalled(StallTier::Hard, 156.0), s(337.0)),
             vec![Action::RollCall(Trigger::ConfirmStop)]
         );
         assert_eq!(
@@ -915,7 +910,7 @@ mod tests {
             activity: ActivityRule::never(),
             ..policy(OnHang::Abort).config
         });
-        p.handle(stalled(Stall::Hard, 5.0), s(5.0));
+        p.handle(stalled(StallTier::Hard, 5.0), s(5.0));
         assert_eq!(
             p.handle(done(Trigger::Hard, true), s(6.0)).last(),
             Some(&Action::Terminate { kill_now: false })
@@ -925,7 +920,7 @@ mod tests {
     #[test]
     fn conclusive_evidence_acts_at_the_soft_tier() {
         let mut p = policy(OnHang::Abort);
-        p.handle(tick(Stall::Soft), s(1.0));
+        p.handle(tick(StallTier::Soft), s(1.0));
         let actions = p.handle(
             Input::RollCallDone {
                 trigger: Trigger::Soft,
@@ -940,8 +935,8 @@ mod tests {
     #[test]
     fn hard_tier_reached_during_the_soft_roll_call_acts_on_its_result() {
         let mut p = policy(OnHang::Abort);
-        p.handle(tick(Stall::Soft), s(1.0));
-        assert!(p.handle(tick(Stall::Hard), s(2.0)).is_empty());
+        p.handle(tick(StallTier::Soft), s(1.0));
+        assert!(p.handle(tick(StallTier::Hard), s(2.0)).is_empty());
         let actions = p.handle(
             Input::RollCallDone {
                 trigger: Trigger::Soft,
@@ -956,7 +951,7 @@ mod tests {
     #[test]
     fn observe_never_terminates() {
         let mut p = policy(OnHang::Observe);
-        p.handle(tick(Stall::Hard), s(1.0));
+        p.handle(tick(StallTier::Hard), s(1.0));
         assert!(p
             .handle(
                 Input::RollCallDone {
@@ -967,13 +962,13 @@ mod tests {
                 s(2.0)
             )
             .is_empty());
-        assert!(p.handle(tick(Stall::Hard), s(3.0)).is_empty());
+        assert!(p.handle(tick(StallTier::Hard), s(3.0)).is_empty());
     }
 
     #[test]
     fn progress_resumed_rearms_both_tiers() {
         let mut p = policy(OnHang::Observe);
-        p.handle(tick(Stall::Soft), s(1.0));
+        p.handle(tick(StallTier::Soft), s(1.0));
         p.handle(
             Input::RollCallDone {
                 trigger: Trigger::Soft,
@@ -983,11 +978,11 @@ mod tests {
             s(1.5),
         );
         assert_eq!(
-            p.handle(tick(Stall::Healthy), s(2.0)),
+            p.handle(tick(StallTier::Healthy), s(2.0)),
             vec![Action::Say(Notice::ProgressResumed)]
         );
         assert_eq!(
-            p.handle(tick(Stall::Soft), s(3.0)),
+            p.handle(tick(StallTier::Soft), s(3.0)),
             vec![Action::RollCall(Trigger::Soft)]
         );
     }
@@ -996,7 +991,7 @@ mod tests {
     fn a_failed_rank_waits_for_its_grace_then_acts() {
         let mut p = policy(OnHang::Abort);
         let failed = |for_s: f64| Input::Tick {
-            stall: Stall::Healthy,
+            stall: StallTier::Healthy,
             failed_rank_for: Some(s(for_s)),
             job_alive: true,
             only_stuck_left: false,
@@ -1036,11 +1031,11 @@ mod tests {
             ]
         );
         assert!(
-            p.handle(tick(Stall::Hard), s(5.0)).is_empty(),
+            p.handle(tick(StallTier::Hard), s(5.0)).is_empty(),
             "no roll call while ending"
         );
         assert_eq!(
-            p.handle(tick(Stall::Healthy), s(11.0)),
+            p.handle(tick(StallTier::Healthy), s(11.0)),
             vec![
                 Action::Say(Notice::GraceOver { signal: 15 }),
                 Action::Terminate { kill_now: true }
@@ -1107,9 +1102,9 @@ mod tests {
             },
             s(1.0),
         );
-        assert!(p.handle(tick(Stall::Hard), s(4.0)).is_empty());
+        assert!(p.handle(tick(StallTier::Hard), s(4.0)).is_empty());
         assert_eq!(
-            p.handle(tick(Stall::Hard), s(5.0)).last(),
+            p.handle(tick(StallTier::Hard), s(5.0)).last(),
             Some(&Action::Forward(15))
         );
         assert!(
@@ -1125,7 +1120,7 @@ mod tests {
             "a late roll call changes nothing"
         );
         assert_eq!(
-            p.handle(tick(Stall::Hard), s(15.0)).last(),
+            p.handle(tick(StallTier::Hard), s(15.0)).last(),
             Some(&Action::Terminate { kill_now: true })
         );
     }
@@ -1149,7 +1144,7 @@ mod tests {
             s(2.0),
         );
         let only_stuck = Input::Tick {
-            stall: Stall::Hard,
+            stall: StallTier::Hard,
             failed_rank_for: None,
             job_alive: true,
             only_stuck_left: true,
@@ -1207,7 +1202,7 @@ mod tests {
     #[test]
     fn a_second_signal_during_a_hang_termination_kills_and_keeps_the_hang() {
         let mut p = policy(OnHang::Abort);
-        p.handle(tick(Stall::Hard), s(1.0));
+        p.handle(tick(StallTier::Hard), s(1.0));
         p.handle(
             Input::RollCallDone {
                 trigger: Trigger::Hard,
@@ -1245,7 +1240,7 @@ mod tests {
     #[test]
     fn a_job_that_ends_during_a_roll_call_waits_briefly_for_the_evidence() {
         let mut p = policy(OnHang::Abort);
-        p.handle(tick(Stall::Soft), s(1.0));
+        p.handle(tick(StallTier::Soft), s(1.0));
         assert!(p.handle(GONE, s(1.5)).is_empty(), "evidence being written");
         assert_eq!(
             p.handle(
@@ -1259,7 +1254,7 @@ mod tests {
             vec![Action::Finish(Ending::ByItself)]
         );
         let mut q = policy(OnHang::Abort);
-        q.handle(tick(Stall::Soft), s(1.0));
+        q.handle(tick(StallTier::Soft), s(1.0));
         assert!(q.handle(GONE, s(1.5)).is_empty());
         assert_eq!(
             q.handle(GONE, s(1.5) + EVIDENCE_WAIT),
@@ -1313,7 +1308,7 @@ mod tests {
     #[test]
     fn the_fast_path_looks_at_once_and_acts_only_when_the_roll_call_confirms_it() {
         let stuck = Input::Tick {
-            stall: Stall::Healthy,
+            stall: StallTier::Healthy,
             failed_rank_for: None,
             job_alive: true,
             only_stuck_left: false,
@@ -1356,7 +1351,7 @@ mod tests {
             .is_empty());
         assert!(p.handle(stuck.clone(), s(19.0)).is_empty());
         assert_eq!(
-            p.handle(tick(Stall::Healthy), s(30.0)),
+            p.handle(tick(StallTier::Healthy), s(30.0)),
             vec![Action::Say(Notice::ProgressResumed)]
         );
         assert_eq!(

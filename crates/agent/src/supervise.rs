@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use hangwatch_diagnosis::ranks::RankClaim;
 use hangwatch_diagnosis::{
     decide, fast_path_due, thread_blocked, ActivityRule, Blocked, DecideOptions, Detector,
-    DetectorConfig, FsStallTracker, ProgressSource, RankSample, StallState, Threshold,
+    DetectorConfig, FsStallTracker, ProgressSource, RankSample, Threshold,
 };
 use hangwatch_inspect::prepared::PreparedStacks;
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
@@ -31,15 +31,16 @@ use crate::heartbeat::{ClientRank, HeartbeatContext, PhaseMessage};
 use crate::human::say;
 use crate::kernel_log::KernelLog;
 use crate::launch::{launch, LaunchSpec, Launched};
-use crate::link::{Answers, Link, LinkConfig, LinkEvent, NodeStallTier};
+use crate::link::{Answers, Link, LinkConfig, LinkEvent};
 use crate::members::JobMembers;
 use crate::output::{drain, Console, DrainContext, LineSink, Stream, Tails};
-use crate::policy::{Action, Ending, Input, Notice, Policy, PolicyConfig, Stall, Trigger};
+use crate::policy::{Action, Ending, Input, Notice, Policy, PolicyConfig, Trigger};
 use crate::progress::ProgressBoard;
 use crate::reaper::{JobGroup, Reaper};
 use crate::terminate::{terminate, termination_actions, JobProcess, Remains, TerminationReport};
 use hangwatch_alert::{Alert, Alerter, Stage};
 pub use hangwatch_diagnosis::{is_conclusive, OnHang};
+use hangwatch_model::StallTier;
 
 /// Exit code when hangwatch ended a hung job (EX_TEMPFAIL: retryable).
 pub use hangwatch_model::exit::EXIT_HUNG;
@@ -915,11 +916,7 @@ impl Supervisor {
             self.sample_blocked();
             self.prepare_stack_readers();
         }
-        let mut stall = match self.detector.check(now) {
-            StallState::Healthy => Stall::Healthy,
-            StallState::Soft { .. } => Stall::Soft,
-            StallState::Hard { .. } => Stall::Hard,
-        };
+        let mut stall = self.detector.check(now).tier();
         let mut failed_rank_for = self.failed_rank_since();
         let mut fs_stuck = fast_path_due(
             self.fs_stall.longest(now),
@@ -930,16 +927,11 @@ impl Supervisor {
         if let Some(link) = &self.link {
             let failed =
                 job_alive && failed_rank_for.is_some_and(|f| f >= self.config.failed_rank_grace);
-            let tier = match stall {
-                _ if failed => NodeStallTier::Hard,
-                Stall::Hard => NodeStallTier::Hard,
-                Stall::Healthy => NodeStallTier::Healthy,
-                Stall::Soft => NodeStallTier::Soft,
-            };
+            let tier = if failed { StallTier::Hard } else { stall };
             link.stall(tier, self.detector.stalled_for(now), fs_stuck);
             if self.linked {
                 // The coordinator decides about hangs from every node's view; this node only reports.
-                stall = Stall::Healthy;
+                stall = StallTier::Healthy;
                 failed_rank_for = None;
                 fs_stuck = false;
             }

@@ -54,13 +54,7 @@ pub struct RankExit {
 }
 
 /// A node's stall tier, by its own detector (which sees every beat, phase and output line of its ranks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub enum StallTier {
-    #[default]
-    Healthy,
-    Soft,
-    Hard,
-}
+pub use hangwatch_model::StallTier;
 
 /// A node's stall as it reported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

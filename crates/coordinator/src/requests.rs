@@ -8,7 +8,7 @@ use hangwatch_model::NodeObservations;
 use hangwatch_rpc::pb;
 use hangwatch_rpc::{decode_observations, ObservationsError};
 
-use crate::{NodeReport, NodeStall, RankExit, RankProgress, Registration, StallTier};
+use crate::{NodeReport, NodeStall, RankExit, RankProgress, Registration};
 
 /// A Register call's request.
 pub fn registration(r: pb::RegisterRequest) -> Registration {
@@ -21,8 +21,7 @@ pub fn registration(r: pb::RegisterRequest) -> Registration {
     }
 }
 
-/// A progress report as it arrived at `at`. An unknown stall tier reads as healthy: an agent that says nothing
-/// the coordinator understands must not end the job.
+/// A progress report as it arrived at `at`.
 pub fn node_report(report: &pb::ProgressReport, at: Instant) -> NodeReport {
     let ranks = report
         .ranks
@@ -34,11 +33,7 @@ pub fn node_report(report: &pb::ProgressReport, at: Instant) -> NodeReport {
             reported_at: at,
         })
         .collect();
-    let tier = match pb::StallTier::try_from(report.stall).unwrap_or(pb::StallTier::StallHealthy) {
-        pb::StallTier::StallHealthy => StallTier::Healthy,
-        pb::StallTier::StallSoft => StallTier::Soft,
-        pb::StallTier::StallHard => StallTier::Hard,
-    };
+    let tier = hangwatch_rpc::stall_tier_from_wire(report.stall);
     NodeReport {
         ranks,
         stall: NodeStall {

@@ -12,6 +12,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use hangwatch_model::StallTier;
+
 /// What counts as progress, strongest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -81,7 +83,7 @@ pub struct ProgressBatch {
     pub longest_gap: Duration,
 }
 
-/// What the detector thinks now.
+/// What the detector thinks now: a [`StallTier`] with its details.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StallState {
     /// Progress is recent enough.
@@ -98,6 +100,17 @@ pub enum StallState {
     },
 }
 
+impl StallState {
+    /// The tier, without the details.
+    pub fn tier(&self) -> StallTier {
+        match self {
+            StallState::Healthy => StallTier::Healthy,
+            StallState::Soft { .. } => StallTier::Soft,
+            StallState::Hard { .. } => StallTier::Hard,
+        }
+    }
+}
+
 /// The threshold in force and where it came from, for verdicts and evidence.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Threshold {
@@ -108,6 +121,19 @@ pub struct Threshold {
     pub phase: Option<String>,
     pub samples: usize,
     pub source: Option<ProgressSource>,
+}
+
+impl Threshold {
+    /// The tier of a quiet time against these thresholds (a rank's own, or the node's).
+    pub fn tier_of(&self, quiet: Duration) -> StallTier {
+        if quiet >= self.hard {
+            StallTier::Hard
+        } else if quiet >= self.soft {
+            StallTier::Soft
+        } else {
+            StallTier::Healthy
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone)]

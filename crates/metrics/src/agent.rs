@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use hangwatch_model::VerdictKind;
+use hangwatch_model::{StallTier, VerdictKind};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -22,7 +22,8 @@ use crate::outcomes::Outcomes;
 
 type Seconds = Gauge<f64, AtomicU64>;
 
-/// The node's stall state, as the detector sees it (`hangwatch_stall_state{state}`).
+/// The node's stall tier as the `hangwatch_stall_state{state}` label says it (its values are the metrics'
+/// contract: `healthy`, `suspected`, `stalled`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StallState {
     Healthy,
@@ -44,6 +45,26 @@ impl StallState {
             StallState::Healthy => "healthy",
             StallState::Suspected => "suspected",
             StallState::Stalled => "stalled",
+        }
+    }
+}
+
+impl From<StallTier> for StallState {
+    fn from(tier: StallTier) -> Self {
+        match tier {
+            StallTier::Healthy => StallState::Healthy,
+            StallTier::Soft => StallState::Suspected,
+            StallTier::Hard => StallState::Stalled,
+        }
+    }
+}
+
+impl From<StallTier> for RankState {
+    fn from(tier: StallTier) -> Self {
+        match tier {
+            StallTier::Healthy => RankState::Healthy,
+            StallTier::Soft => RankState::Suspected,
+            StallTier::Hard => RankState::Stalled,
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod exit;
 mod node;
 mod observation;
 mod recurrence;
+mod stall;
 mod timeline;
 mod verdict;
 
@@ -19,5 +20,6 @@ pub use errors::error_chain;
 pub use node::*;
 pub use observation::*;
 pub use recurrence::{FleetIncident, IncidentMember, Recurrence, RecurrenceSource, Sighting};
+pub use stall::StallTier;
 pub use timeline::*;
 pub use verdict::*;

@@ -19,7 +19,7 @@ pub use tls::{LinkKey, LinkKeyError};
 
 use std::time::Duration;
 
-use hangwatch_model::{NodeObservations, NODE_OBSERVATIONS_VERSION};
+use hangwatch_model::{NodeObservations, StallTier, NODE_OBSERVATIONS_VERSION};
 
 /// The generated messages, client and server of `proto/coordinator.proto`.
 pub mod pb {
@@ -39,6 +39,25 @@ pub const REGISTER_DEADLINE: Duration = Duration::from_secs(5);
 
 /// How often an agent sends a progress report unless the coordinator says otherwise.
 pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A stall tier as the progress report carries it.
+pub fn stall_tier_to_wire(tier: StallTier) -> pb::StallTier {
+    match tier {
+        StallTier::Healthy => pb::StallTier::StallHealthy,
+        StallTier::Soft => pb::StallTier::StallSoft,
+        StallTier::Hard => pb::StallTier::StallHard,
+    }
+}
+
+/// A progress report's stall tier. A value this version does not know reads as healthy: an agent that says
+/// nothing the coordinator understands must not end the job.
+pub fn stall_tier_from_wire(value: i32) -> StallTier {
+    match pb::StallTier::try_from(value).unwrap_or(pb::StallTier::StallHealthy) {
+        pb::StallTier::StallHealthy => StallTier::Healthy,
+        pb::StallTier::StallSoft => StallTier::Soft,
+        pb::StallTier::StallHard => StallTier::Hard,
+    }
+}
 
 /// Observations that could not be read from a roll-call report.
 #[derive(Debug, thiserror::Error)]
