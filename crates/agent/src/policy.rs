@@ -18,7 +18,9 @@
 use std::time::Duration;
 
 pub use hangwatch_diagnosis::OnHang;
-use hangwatch_diagnosis::{ActivityHold, ActivityRule, AfterLook, HoldCheck, HoldNotice, Look};
+use hangwatch_diagnosis::{
+    ActivityHold, ActivityRule, AfterLook, HoldCheck, HoldNotice, Ladder, Look, Rung,
+};
 use hangwatch_model::StallTier;
 
 /// Why a roll call is taken.
@@ -49,15 +51,25 @@ pub enum Trigger {
     PostMortem,
 }
 
+impl From<Rung> for Trigger {
+    fn from(rung: Rung) -> Self {
+        match rung {
+            Rung::FsStall => Trigger::FsStall,
+            Rung::Hard => Trigger::Hard,
+            Rung::Soft => Trigger::Soft,
+        }
+    }
+}
+
 impl Trigger {
     /// The word for people ("soft threshold", "signal 15").
     pub fn describe(self) -> String {
         match self {
-            Trigger::Soft => "soft threshold".into(),
-            Trigger::Hard => "hard threshold".into(),
+            Trigger::Soft => Rung::Soft.describe().into(),
+            Trigger::Hard => Rung::Hard.describe().into(),
             Trigger::RankFailed => "a rank failed".into(),
             Trigger::Signal(sig) => format!("signal {sig}"),
-            Trigger::FsStall => "a rank stopped or in a filesystem wait, its I/O still".into(),
+            Trigger::FsStall => Rung::FsStall.describe().into(),
             Trigger::Ordered => "the coordinator's order".into(),
             Trigger::Recheck => "still no progress while the ranks compute".into(),
             Trigger::ConfirmStop => "the ranks stopped computing".into(),
@@ -203,11 +215,9 @@ pub struct Policy {
     stage: Stage,
     /// The roll call in flight, if any: never two at once.
     rollcall: Option<Trigger>,
-    soft_done: bool,
-    hard_done: bool,
+    /// The looks taken since the job last made progress (the ladder shared with the coordinator).
+    ladder: Ladder,
     failed_done: bool,
-    /// The fast path's roll call was taken since the job last made progress.
-    fast_done: bool,
     /// The job ended by itself after a rank failed: a post-mortem is taken once no roll call is in flight.
     post_mortem_due: bool,
     /// The hard tier was reached while the soft roll call was still running: act on its result.
@@ -235,10 +245,8 @@ impl Policy {
             config,
             stage: Stage::Watching,
             rollcall: None,
-            soft_done: false,
-            hard_done: false,
+            ladder: Ladder::default(),
             failed_done: false,
-            fast_done: false,
             post_mortem_due: false,
             hard_pending: false,
             signals: 0,
@@ -408,12 +416,9 @@ impl Policy {
         }
         let mut actions = Vec::new();
         if stall == StallTier::Healthy && failed_rank_for.is_none() && !fs_stuck {
-            if self.soft_done || self.hard_done || self.fast_done {
+            if self.ladder.reset() {
                 actions.push(Action::Say(Notice::ProgressResumed));
             }
-            self.soft_done = false;
-            self.hard_done = false;
-            self.fast_done = false;
             self.hard_pending = false;
             self.hold.reset();
             return actions;
@@ -424,26 +429,13 @@ impl Policy {
             }
             return actions;
         }
-        match stall {
-            _ if fs_stuck && !self.fast_done && !self.hard_done => {
-                self.fast_done = true;
-                actions.push(self.start_rollcall(Trigger::FsStall));
-            }
-            StallTier::Hard if !self.hard_done => {
-                self.hard_done = true;
-                self.soft_done = true;
-                actions.push(self.start_rollcall(Trigger::Hard));
-            }
-            StallTier::Soft if !self.soft_done => {
-                self.soft_done = true;
-                actions.push(self.start_rollcall(Trigger::Soft));
-            }
-            _ => {
+        match self.ladder.climb(stall, fs_stuck) {
+            Some(rung) => actions.push(self.start_rollcall(Trigger::from(rung))),
+            None => {
                 if let Some(since) = failed_rank_for {
                     if since >= self.config.failed_rank_grace && !self.failed_done {
                         self.failed_done = true;
-                        self.hard_done = true;
-                        self.soft_done = true;
+                        self.ladder.spend_tiers();
                         actions.push(self.start_rollcall(Trigger::RankFailed));
                         return actions;
                     }

@@ -707,11 +707,12 @@ impl Supervisor {
                     None => {}
                 }
                 let active = verdict.activity.is_some();
-                let conclusive = match trigger {
-                    // Before any threshold: only a mount that does not answer (or a stopped rank) will do.
-                    Trigger::FsStall => hangwatch_diagnosis::is_confirmed_stuck(&verdict),
-                    _ => is_conclusive(&verdict),
-                };
+                // Before any threshold (the fast path): only a mount that does not answer (or a stopped rank) will do.
+                let conclusive = hangwatch_diagnosis::acts_on(
+                    &verdict,
+                    trigger == Trigger::FsStall,
+                    is_conclusive,
+                );
                 if let Some(m) = &self.config.metrics {
                     m.verdict(verdict.kind)
                 }

@@ -629,10 +629,11 @@ impl Coordinator {
                     JobInput::Tick(self.view())
                 }
                 Some((trigger, outcome, took)) = done_rx.recv() => {
-                    let conclusive = match trigger {
-                        JobTrigger::FsStall => hangwatch_diagnosis::is_confirmed_stuck(&outcome.verdict),
-                        _ => is_conclusive_for_job(&outcome.verdict),
-                    };
+                    let conclusive = hangwatch_diagnosis::acts_on(
+                        &outcome.verdict,
+                        trigger == JobTrigger::FsStall,
+                        is_conclusive_for_job,
+                    );
                     emit(JobEvent::Verdict {
                         trigger,
                         verdict: Box::new(outcome.verdict.clone()),

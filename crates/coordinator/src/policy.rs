@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use hangwatch_diagnosis::{
-    ActivityHold, ActivityRule, AfterLook, HoldCheck, HoldNotice, Look, OnHang,
+    ActivityHold, ActivityRule, AfterLook, HoldCheck, HoldNotice, Ladder, Look, OnHang, Rung,
 };
 
 use crate::membership::StallTier;
@@ -46,14 +46,24 @@ pub enum JobTrigger {
     MaxStall,
 }
 
+impl From<Rung> for JobTrigger {
+    fn from(rung: Rung) -> Self {
+        match rung {
+            Rung::FsStall => JobTrigger::FsStall,
+            Rung::Hard => JobTrigger::Hard,
+            Rung::Soft => JobTrigger::Soft,
+        }
+    }
+}
+
 impl JobTrigger {
     /// The words for people.
     pub fn describe(self) -> &'static str {
         match self {
-            JobTrigger::Soft => "soft threshold",
-            JobTrigger::Hard => "hard threshold",
+            JobTrigger::Soft => Rung::Soft.describe(),
+            JobTrigger::Hard => Rung::Hard.describe(),
             JobTrigger::NodeUnreachable => "a node stopped answering",
-            JobTrigger::FsStall => "a rank stopped or in a filesystem wait, its I/O still",
+            JobTrigger::FsStall => Rung::FsStall.describe(),
             JobTrigger::Recheck => "still no progress while the ranks compute",
             JobTrigger::ConfirmStop => "the ranks stopped computing",
             JobTrigger::MaxStall => "--max-stall",
@@ -129,9 +139,8 @@ pub struct JobPolicy {
     on_hang: OnHang,
     stage: Stage,
     rollcall: Option<JobTrigger>,
-    soft_done: bool,
-    hard_done: bool,
-    fast_done: bool,
+    /// The looks taken since the job last made progress (the ladder shared with the agents).
+    ladder: Ladder,
     hard_pending: bool,
     /// The unreachable nodes already announced.
     announced: BTreeSet<String>,
@@ -148,9 +157,7 @@ impl JobPolicy {
             on_hang,
             stage: Stage::Watching,
             rollcall: None,
-            soft_done: false,
-            hard_done: false,
-            fast_done: false,
+            ladder: Ladder::default(),
             hard_pending: false,
             announced: BTreeSet::new(),
         }
@@ -211,12 +218,9 @@ impl JobPolicy {
             return actions;
         }
         if view.stall == StallTier::Healthy && !view.fs_stuck {
-            if self.soft_done || self.hard_done || self.fast_done {
+            if self.ladder.reset() {
                 actions.push(JobAction::Announce(JobNotice::ProgressResumed));
             }
-            self.soft_done = false;
-            self.hard_done = false;
-            self.fast_done = false;
             self.hard_pending = false;
             self.hold.reset();
         }
@@ -226,27 +230,15 @@ impl JobPolicy {
             }
             return actions;
         }
-        match view.stall {
-            _ if view.fs_stuck && !self.fast_done && !self.hard_done => {
-                self.fast_done = true;
-                actions.push(self.start(JobTrigger::FsStall));
-            }
-            StallTier::Hard if !self.hard_done => {
-                self.hard_done = true;
-                self.soft_done = true;
-                actions.push(self.start(JobTrigger::Hard));
-            }
-            StallTier::Soft if !self.soft_done => {
-                self.soft_done = true;
-                actions.push(self.start(JobTrigger::Soft));
-            }
-            _ if actions
+        match self.ladder.climb(view.stall, view.fs_stuck) {
+            Some(rung) => actions.push(self.start(JobTrigger::from(rung))),
+            None if actions
                 .iter()
                 .any(|a| matches!(a, JobAction::Announce(JobNotice::Unreachable(_)))) =>
             {
                 actions.push(self.start(JobTrigger::NodeUnreachable));
             }
-            _ => match self.hold.tick(self.stalled_for, now) {
+            None => match self.hold.tick(self.stalled_for, now) {
                 Some(HoldCheck::Recheck) => actions.push(self.start(JobTrigger::Recheck)),
                 Some(HoldCheck::Confirm) => actions.push(self.start(JobTrigger::ConfirmStop)),
                 Some(HoldCheck::MaxStall) => actions.push(self.start(JobTrigger::MaxStall)),

@@ -1,7 +1,85 @@
-//! When a verdict is strong enough to act on before the hard threshold, and what acting means. One place for both
-//! the node's agent and the job's coordinator.
+//! The stall ladder and when a verdict is strong enough to act on: which look a stall earns next, and whether the
+//! look's verdict lets the policy end the job. One place for both the node's agent and the job's coordinator; their
+//! policies add only their own inputs (signals and a failed rank; a silent node).
 
-use hangwatch_model::{Verdict, VerdictKind};
+use hangwatch_model::{StallTier, Verdict, VerdictKind};
+
+/// A look that a stall earns, in the order the ladder offers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rung {
+    /// The fast path: a rank sat in a filesystem wait (or stopped) with its I/O still while nothing progressed. Acts
+    /// only if the look confirms it ([`is_confirmed_stuck`]).
+    FsStall,
+    /// Past the hard threshold: look, then act.
+    Hard,
+    /// Past the soft threshold: look, keep the evidence, alert; act only on conclusive evidence.
+    Soft,
+}
+
+impl Rung {
+    /// The words for people.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Rung::FsStall => "a rank stopped or in a filesystem wait, its I/O still",
+            Rung::Hard => "hard threshold",
+            Rung::Soft => "soft threshold",
+        }
+    }
+}
+
+/// Which rungs were climbed since progress last moved: each is climbed once, the hard tier spends the soft one,
+/// and the fast path is not offered once the hard tier was.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ladder {
+    soft: bool,
+    hard: bool,
+    fast: bool,
+}
+
+impl Ladder {
+    /// Progress moved: every rung may be climbed again. True when one had been (worth saying that it resumed).
+    pub fn reset(&mut self) -> bool {
+        let climbed = *self != Self::default();
+        *self = Self::default();
+        climbed
+    }
+
+    /// The next look this stall earns, marked as taken; `None` when none is due.
+    pub fn climb(&mut self, stall: StallTier, fs_stuck: bool) -> Option<Rung> {
+        if fs_stuck && !self.fast && !self.hard {
+            self.fast = true;
+            return Some(Rung::FsStall);
+        }
+        match stall {
+            StallTier::Hard if !self.hard => {
+                self.spend_tiers();
+                Some(Rung::Hard)
+            }
+            StallTier::Soft if !self.soft => {
+                self.soft = true;
+                Some(Rung::Soft)
+            }
+            _ => None,
+        }
+    }
+
+    /// A look that acts like the hard tier's was taken for another reason (a rank failed): the tiers are spent.
+    pub fn spend_tiers(&mut self) {
+        self.hard = true;
+        self.soft = true;
+    }
+}
+
+/// Whether a look's verdict lets the policy act: after the fast path only a confirmed stuck filesystem (or a
+/// stopped rank) does; after any other look, `conclusive` says (the node's [`is_conclusive`] or the job's
+/// [`is_conclusive_for_job`]).
+pub fn acts_on(verdict: &Verdict, after_fast_path: bool, conclusive: fn(&Verdict) -> bool) -> bool {
+    if after_fast_path {
+        is_confirmed_stuck(verdict)
+    } else {
+        conclusive(verdict)
+    }
+}
 
 /// What to do about a hang.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +132,27 @@ pub fn is_conclusive_for_job(verdict: &Verdict) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ladder_offers_each_look_once_until_progress_moves() {
+        let mut l = Ladder::default();
+        assert_eq!(l.climb(StallTier::Healthy, false), None);
+        assert_eq!(l.climb(StallTier::Soft, false), Some(Rung::Soft));
+        assert_eq!(l.climb(StallTier::Soft, false), None, "once");
+        assert_eq!(l.climb(StallTier::Soft, true), Some(Rung::FsStall));
+        assert_eq!(l.climb(StallTier::Hard, true), Some(Rung::Hard));
+        assert_eq!(l.climb(StallTier::Hard, true), None);
+        assert!(l.reset(), "something had been climbed");
+        assert!(!l.reset());
+        // The hard tier spends the soft one and the fast path.
+        assert_eq!(l.climb(StallTier::Hard, false), Some(Rung::Hard));
+        assert_eq!(l.climb(StallTier::Soft, true), None);
+        // A failed rank spends the tiers but leaves nothing else.
+        let mut l = Ladder::default();
+        l.spend_tiers();
+        assert_eq!(l.climb(StallTier::Hard, false), None);
+        assert_eq!(l.climb(StallTier::Soft, false), None);
+    }
     use hangwatch_model::{Culprit, FilesystemStatus, RankPlace};
 
     #[test]

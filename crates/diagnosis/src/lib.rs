@@ -24,7 +24,9 @@ pub mod requeue;
 pub mod rollcall;
 pub mod scope;
 
-pub use acting::{is_conclusive, is_conclusive_for_job, is_confirmed_stuck, OnHang};
+pub use acting::{
+    acts_on, is_conclusive, is_conclusive_for_job, is_confirmed_stuck, Ladder, OnHang, Rung,
+};
 pub use activity::{
     activity, ActivityHold, ActivityRule, AfterLook, HoldCheck, HoldDecision, HoldNotice, Look,
 };
