@@ -125,6 +125,26 @@ fn scripts() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/slurm")
 }
 
+/// The id of the attempt that `first`'s hangwatch submitted, read from the batch output in `out` (within 2 min).
+fn second_attempt(cluster: &SlurmCluster, first: &str, out: &Path) -> String {
+    let output = || std::fs::read_to_string(out.join("batch.out")).unwrap_or_default();
+    let next = |text: &str| {
+        text.lines()
+            .find_map(|l| l.split("attempt 2 submitted as job ").nth(1))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(str::to_string)
+    };
+    assert!(
+        wait_until(Duration::from_secs(120), Duration::from_millis(200), || {
+            next(&output()).is_some()
+        }),
+        "no second attempt: {}\n{}",
+        cluster.job(first),
+        output()
+    );
+    next(&output()).unwrap_or_default()
+}
+
 #[test]
 fn an_sbatch_job_of_three_nodes_ends_with_75_and_every_node_names_the_frozen_node() {
     let py = require!(python());
@@ -491,22 +511,8 @@ fn a_job_that_hangs_again_without_progress_stops_after_its_restart_budget_with_7
         &script,
         &["--requeue", "--open-mode=append", "--nodes=1"],
     );
+    let second = second_attempt(&cluster, &first, out);
     let output = || std::fs::read_to_string(out.join("batch.out")).unwrap_or_default();
-    let next = |text: &str| {
-        text.lines()
-            .find_map(|l| l.split("attempt 2 submitted as job ").nth(1))
-            .and_then(|rest| rest.split_whitespace().next())
-            .map(str::to_string)
-    };
-    assert!(
-        wait_until(Duration::from_secs(120), Duration::from_millis(200), || {
-            next(&output()).is_some()
-        }),
-        "no second attempt: {}\n{}",
-        cluster.job(&first),
-        output()
-    );
-    let second = next(&output()).unwrap_or_default();
     let over = |id: &str| {
         !matches!(
             SlurmCluster::field(&cluster.job(id), "JobState").as_deref(),
@@ -629,22 +635,8 @@ fn a_requeued_job_keeps_every_option_it_was_submitted_with() {
             "--cpus-per-gpu=1",
         ],
     );
+    let second = second_attempt(&cluster, &first, out);
     let output = || std::fs::read_to_string(out.join("batch.out")).unwrap_or_default();
-    let next = |text: &str| {
-        text.lines()
-            .find_map(|l| l.split("attempt 2 submitted as job ").nth(1))
-            .and_then(|rest| rest.split_whitespace().next())
-            .map(str::to_string)
-    };
-    assert!(
-        wait_until(Duration::from_secs(120), Duration::from_millis(200), || {
-            next(&output()).is_some()
-        }),
-        "no second attempt: {}\n{}",
-        cluster.job(&first),
-        output()
-    );
-    let second = next(&output()).unwrap_or_default();
     let one = cluster.job(&first);
     let two = cluster.job(&second);
     for (field, want) in [
