@@ -88,14 +88,6 @@ pub fn strict_mode() -> bool {
     std::env::var_os("HANGWATCH_TESTKIT_STRICT").is_some_and(|v| v == "1")
 }
 
-/// The error and its causes on one line, for panic messages.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
+/// The error and its causes on one line, for panic messages (hangwatch's own, so that tests print errors as it
+/// does).
+pub use hangwatch_model::error_chain;
