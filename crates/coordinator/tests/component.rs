@@ -97,8 +97,10 @@ async fn an_agent_with_another_token_or_another_jobs_id_cannot_connect_changes_n
         .collect();
     assert_eq!(refused.len(), 1, "one summary line a minute: {logs}");
     assert!(
-        refused[0].contains("WARN") && refused[0].contains("peer=127.0.0.1:"),
-        "{logs}"
+        refused[0].contains("WARN")
+            && refused[0].contains("peer=127.0.0.1:")
+            && refused[0].contains("another token file or job id"),
+        "the log says the likely cause: {logs}"
     );
     assert!(
         !logs.contains(common::TOKEN),

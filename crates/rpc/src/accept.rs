@@ -162,6 +162,24 @@ impl Refusals {
     }
 }
 
+/// Why a peer failed the handshake, in words that point at the usual cause.
+fn handshake_failure(e: &io::Error) -> String {
+    let tls = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    match tls {
+        Some(rustls::Error::InvalidMessage(_)) => {
+            format!(
+                "it does not speak TLS: an agent older than the link's TLS, or not hangwatch ({e})"
+            )
+        }
+        Some(rustls::Error::InvalidCertificate(_) | rustls::Error::AlertReceived(_)) => {
+            format!("it holds another key, or refused this one: another token file or job id ({e})")
+        }
+        _ => e.to_string(),
+    }
+}
+
 /// Accepts on `listener` until the returned stream is dropped: each connection goes through the TLS handshake with
 /// `key` in a task of its own, and only those that complete it come out of the stream.
 pub fn accept_link(
@@ -211,7 +229,7 @@ pub fn accept_link(
                         tracing::debug!(%peer, "a peer proved the job's key");
                         let _ = tx.send(Ok(LinkConnection { tls, info })).await;
                     }
-                    Ok(Err(e)) => lock(&refusals).note(peer, &e.to_string()),
+                    Ok(Err(e)) => lock(&refusals).note(peer, &handshake_failure(&e)),
                     Err(_) => lock(&refusals).note(peer, "no TLS handshake in time"),
                 }
             });
