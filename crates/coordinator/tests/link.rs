@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
+use std::net::{SocketAddr, TcpListener as StdListener};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -235,14 +235,19 @@ async fn a_recorded_session_replayed_to_the_coordinator_registers_nothing() {
 
     // The same job's coordinator, started again, is sent the recording byte for byte.
     let second = Server::start(config()).await;
-    let mut replay = StdStream::connect(second.addr).expect("connect");
-    replay
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    let _ = replay.write_all(&recorded);
+    let mut replay = tokio::net::TcpStream::connect(second.addr)
+        .await
+        .expect("connect");
+    let _ = replay.write_all(&recorded).await;
     let mut answer = Vec::new();
-    let _ = replay.read_to_end(&mut answer);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let hung_up =
+        tokio::time::timeout(Duration::from_secs(10), replay.read_to_end(&mut answer)).await;
+    // The coordinator answers the hello with a fresh handshake, finds the rest does not fit it, and hangs up.
+    assert!(
+        hung_up.is_ok(),
+        "the coordinator did not hang up on the replay within 10 s"
+    );
+    assert!(!answer.is_empty(), "it answered the hello");
     assert!(
         second.coordinator.members().is_empty(),
         "a replayed registration must not register anyone: {:?}",
