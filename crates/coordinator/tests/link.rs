@@ -77,6 +77,15 @@ async fn a_cleartext_listener_on_the_coordinators_address_gets_a_tls_hello_and_n
         "{}",
         hangwatch_model::error_chain(&err)
     );
+    // The listener's thread keeps what it read; the agent may have given up before it ran.
+    assert!(
+        wait_for(Duration::from_secs(10), || !seen
+            .lock()
+            .expect("lock")
+            .is_empty())
+        .await,
+        "the listener got nothing at all"
+    );
     let seen = seen.lock().expect("lock").clone();
     assert_eq!(
         seen.first(),
