@@ -164,10 +164,7 @@ impl Refusals {
 
 /// Why a peer failed the handshake, in words that point at the usual cause.
 fn handshake_failure(e: &io::Error) -> String {
-    let tls = e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
-    match tls {
+    match crate::tls::tls_error(e) {
         Some(rustls::Error::InvalidMessage(_)) => {
             format!(
                 "it does not speak TLS: an agent older than the link's TLS, or not hangwatch ({e})"

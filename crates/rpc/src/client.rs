@@ -117,10 +117,7 @@ pub async fn connect(
 
 /// A TLS error from the peer's answers means "not the job's key"; a closed or reset connection does not.
 fn handshake_error(e: std::io::Error) -> DialError {
-    match e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-    {
+    match crate::tls::tls_error(&e) {
         Some(tls) => DialError::NotTheKey(tls.clone()),
         None => DialError::Broken(e),
     }

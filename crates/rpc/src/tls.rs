@@ -145,6 +145,13 @@ impl LinkKey {
     }
 }
 
+/// The TLS error inside an I/O error from tokio-rustls (the peer's answers were not TLS with the job's key), as
+/// opposed to a connection that closed or broke.
+pub(crate) fn tls_error(e: &std::io::Error) -> Option<&rustls::Error> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+}
+
 struct SeedLen;
 
 impl hkdf::KeyType for SeedLen {
