@@ -376,7 +376,10 @@ impl LinkWorker {
                     Ok(None) => return SessionEnd::Lost("the coordinator closed the session".into()),
                     Err(status) => return SessionEnd::Lost(format!("{} ({:?})", status.message(), status.code())),
                 },
-                Some((roll_call_id, observations)) = self.answers.recv() => {
+                Some((roll_call_id, mut observations)) = self.answers.recv() => {
+                    // The coordinator decides from each rank's telling thread; every thread stays in this node's
+                    // evidence.
+                    hangwatch_diagnosis::answer::fold_idle_threads(&mut observations);
                     let mut client = client.clone();
                     let request = pb::RollCallReport {
                         session_id: session_id.clone(),

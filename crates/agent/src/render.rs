@@ -202,13 +202,7 @@ pub fn verdict_text(v: &Verdict) -> String {
             } else {
                 format!("ranks {}", rank_ranges(&g.ranks))
             };
-            let _ = writeln!(
-                s,
-                "  {:>4} x {} [{}]: {who}",
-                g.pids.len(),
-                g.where_,
-                g.state
-            );
+            let _ = writeln!(s, "  {:>4} x {} [{}]: {who}", g.size(), g.where_, g.state);
         }
     }
     if !v.filesystems.is_empty() {

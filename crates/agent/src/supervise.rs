@@ -1624,6 +1624,8 @@ impl Supervisor {
             o
         });
         self.spawn_investigation(Trigger::Ordered, "hw-evidence", move || {
+            // A large job's verdict lists few rows: this node's own come from its own roll call.
+            let verdict = hangwatch_diagnosis::rollcall::with_own_rows(verdict, &observations);
             job.keep(verdict, &observations, false)
         });
     }

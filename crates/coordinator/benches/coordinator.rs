@@ -122,6 +122,7 @@ fn coordinator(nodes: usize) {
         }
         times.sort();
         println!("ROLLCALL_MEDIAN {:.0} ms", times[1].as_secs_f64() * 1000.0);
+        println!("RSS_PEAK_BEFORE_TERMINATE {}", rss_kib("VmHWM"));
         if let Some(verdict) = last {
             let full = serde_json::to_vec(&verdict).map_or(0, |b| b.len());
             let one = serde_json::to_vec(&hangwatch_coordinator::verdict_for_node(&verdict, "n7"))
@@ -180,8 +181,13 @@ fn agents(nodes: u32) {
         .strip_prefix("LISTEN ")
         .expect("the child says where it listens")
         .to_string();
+    // As a real agent sends them: idle threads folded (its own bundle keeps them all).
     let payloads: Vec<Vec<u8>> = (0..nodes)
-        .map(|n| encode_observations(&observations(n)))
+        .map(|n| {
+            let mut obs = observations(n);
+            hangwatch_diagnosis::answer::fold_idle_threads(&mut obs);
+            encode_observations(&obs)
+        })
         .collect();
     let report_bytes = payloads[1].len();
     let progress = pb::ProgressReport {

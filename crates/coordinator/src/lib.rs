@@ -466,26 +466,13 @@ fn departed_observations(m: &Member) -> NodeObservations {
         .exits
         .iter()
         .map(|e| hangwatch_model::ProcessObservation {
-            ns_pid: None,
-            other_mount_namespace: false,
             pid: e.pid,
             rank: Some(e.rank),
-            local_rank: None,
-            rank_source: None,
             node: Some(m.node.clone()),
-            comm: None,
             exited: true,
             exit_code: e.exit_code,
             exited_at_unix_s: e.exited_at_unix_s,
-            threads: Vec::new(),
-            tracer_pid: None,
-            sigstop_pending: false,
-            python: None,
-            read_issues: Vec::new(),
-            start_time: None,
-            worker_of: None,
-            death: None,
-            mapped_files: None,
+            ..Default::default()
         })
         .collect();
     o
@@ -774,6 +761,7 @@ mod tests {
                 at: place(rank, node),
                 cpu_ms_during_sample: None,
                 threads: Vec::new(),
+                threads_folded: 0,
                 workers: Vec::new(),
             });
         }

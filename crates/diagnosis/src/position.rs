@@ -301,9 +301,11 @@ fn telling_thread(process: &ProcessObservation, busy: bool) -> Option<&ThreadObs
         .or_else(|| threads.iter().find(|t| waits_on_filesystem(t)))
         .or_else(|| threads.iter().find(|t| is_stopped(t.state)))
         .or_else(|| {
+            // The thread that used the most CPU; none used any (busy by a running main thread): the main thread.
             busy.then(|| {
                 threads
                     .iter()
+                    .filter(|t| t.cpu_ms_during_sample.unwrap_or(0) > 0)
                     .max_by_key(|t| t.cpu_ms_during_sample.unwrap_or(0))
             })
             .flatten()

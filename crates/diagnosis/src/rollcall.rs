@@ -31,6 +31,10 @@ pub struct RollCallInput {
     pub now_unix_s: Option<f64>,
 }
 
+/// Up to this many ranks a verdict's roll-call table (`ranks`) has a row for each; beyond, the culprits' rows and
+/// one row per group (`Verdict::ranks_not_listed` counts the others). 128 nodes of 8 ranks keep the whole table.
+pub const FULL_TABLE_RANKS: usize = 1024;
+
 /// What the decision needs besides the observations.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DecideOptions {
@@ -485,7 +489,15 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
                     .iter()
                     .filter_map(|&i| entries[i].process.rank)
                     .collect(),
-                pids: members.iter().map(|&i| entries[i].process.pid).collect(),
+                // Past the full table, a group of numbered ranks lists no pids: thousands of them, repeating from
+                // node to node, name nothing without their node (each node's bundle has its rows).
+                pids: if entries.len() > FULL_TABLE_RANKS
+                    && members.iter().all(|&i| entries[i].process.rank.is_some())
+                {
+                    Vec::new()
+                } else {
+                    members.iter().map(|&i| entries[i].process.pid).collect()
+                },
                 nodes: members
                     .iter()
                     .filter_map(|&i| node_of(&entries[i], &ctx))
@@ -496,10 +508,10 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             (group, members)
         })
         .collect();
-    group_list.sort_by(|(a, _), (b, _)| {
-        b.pids
+    group_list.sort_by(|(a, a_members), (b, b_members)| {
+        b_members
             .len()
-            .cmp(&a.pids.len())
+            .cmp(&a_members.len())
             .then_with(|| a.where_.cmp(&b.where_))
     });
 
@@ -594,6 +606,35 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         }
     }
 
+    // Beyond FULL_TABLE_RANKS the table lists the culprits and the first rank of each group: a 10,000-rank job's
+    // every row and thread would be over 100 MiB in one verdict, which every node's bundle already holds in part.
+    let listed: Option<BTreeSet<usize>> = (entries.len() > FULL_TABLE_RANKS).then(|| {
+        culprit_idx
+            .iter()
+            // A culprit is a rank, or a worker listed as its rank's row.
+            .filter_map(|&i| {
+                if i < n_ranks {
+                    Some(i)
+                } else {
+                    rank_entry_of(&all[i], entries)
+                }
+            })
+            .chain(
+                groups
+                    .values()
+                    .filter_map(|members| members.first().copied()),
+            )
+            .collect()
+    });
+    if let Some(l) = &listed {
+        warnings.push(format!(
+            "the roll-call table lists {} of {} ranks (each culprit and the first rank of each group; every rank \
+             is in its group): each node's evidence bundle keeps its own ranks' rows",
+            l.len(),
+            entries.len()
+        ));
+    }
+
     // Pids are the node's unless every agent watched from inside a container.
     let views: BTreeSet<_> = nodes.iter().filter_map(|n| n.pids).collect();
     let mut verdict = Verdict {
@@ -630,12 +671,17 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             }
             entries
                 .iter()
-                .map(|e| {
+                .enumerate()
+                .filter(|(i, _)| listed.as_ref().is_none_or(|l| l.contains(i)))
+                .map(|(_, e)| {
                     let workers = workers_of.get(&(e.node, e.process.pid));
                     rank_report(e, workers.map_or(&[][..], Vec::as_slice), &ctx)
                 })
                 .collect()
         },
+        ranks_not_listed: listed.as_ref().map_or(0, |l| {
+            u32::try_from(entries.len() - l.len()).unwrap_or(u32::MAX)
+        }),
         nodes_not_seen,
         nodes_late,
         recurrence: None,
@@ -644,6 +690,32 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         scope_evidence: Vec::new(),
     };
     crate::scope::apply_scope(&mut verdict, &[]);
+    verdict
+}
+
+/// A job-wide verdict as one node keeps it in its evidence: when the table left ranks out (`ranks_not_listed`),
+/// this node's own rows are made from its own observations, as the coordinator would have listed them.
+pub fn with_own_rows(mut verdict: Verdict, own: &NodeObservations) -> Verdict {
+    if verdict.ranks_not_listed == 0 {
+        return verdict;
+    }
+    let mine = decide(std::slice::from_ref(own), &DecideOptions::default()).ranks;
+    let before = verdict.ranks.len();
+    for row in mine {
+        if !verdict
+            .ranks
+            .iter()
+            .any(|r| r.at.node == row.at.node && r.at.pid == row.at.pid)
+        {
+            verdict.ranks.push(row);
+        }
+    }
+    let added = u32::try_from(verdict.ranks.len() - before).unwrap_or(u32::MAX);
+    verdict.ranks_not_listed = verdict.ranks_not_listed.saturating_sub(added);
+    verdict.ranks.sort_by(|a, b| {
+        let key = |r: &RankReport| (r.at.rank.unwrap_or(u32::MAX), r.at.node.clone(), r.at.pid);
+        key(a).cmp(&key(b))
+    });
     verdict
 }
 
@@ -933,7 +1005,7 @@ fn summarize(
             .iter()
             .take(3)
             .map(|g| {
-                let n = g.pids.len();
+                let n = g.size();
                 let on = on_nodes(g, ctx);
                 let noun = if n == 1 { "rank" } else { "ranks" };
                 if g.where_.starts_with("exited") {
@@ -1030,7 +1102,7 @@ fn summarize(
             let list = groups
                 .iter()
                 .take(3)
-                .map(|g| format!("{} in {} ({})", g.pids.len(), g.where_, g.state))
+                .map(|g| format!("{} in {} ({})", g.size(), g.where_, g.state))
                 .collect::<Vec<_>>()
                 .join("; ");
             format!("no rank stands out: {list}")
@@ -1128,6 +1200,7 @@ fn rank_report(entry: &Entry, workers: &[&Entry], ctx: &Ctx) -> RankReport {
                 .sum(),
         ),
         threads: entry.process.threads.clone(),
+        threads_folded: entry.process.threads_folded,
         workers: workers.iter().map(|w| worker_report(w)).collect(),
     }
 }

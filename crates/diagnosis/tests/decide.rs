@@ -210,6 +210,63 @@ fn one_verdict_names_the_node_and_rank_and_groups_the_waiters_across_nodes() {
     assert_eq!(lines, want);
 }
 
+/// 1,250 nodes of 8 ranks: the verdict names the culprit and groups all 10,000 ranks, but its table lists only the
+/// culprit and one rank per group, and says so; up to `FULL_TABLE_RANKS` every rank has its row.
+#[test]
+fn a_job_past_the_full_table_size_lists_the_culprits_and_one_rank_per_group() {
+    let options = |n| DecideOptions {
+        stalled_for_s: Some(12.0),
+        expected_nodes: names(n),
+        answered_late: Vec::new(),
+    };
+    let v = decide(&incident(1250, 8), &options(1250));
+    assert_eq!(v.kind, VerdictKind::BlockedInKernel, "{}", v.summary);
+    assert_eq!(v.culprits[0].rank, Some(0));
+    let grouped: usize = v.groups.iter().map(|g| g.ranks.len()).sum();
+    assert_eq!(grouped, 10_000, "every rank is in its group");
+    assert!(
+        v.groups.iter().all(|g| g.pids.is_empty()),
+        "{:?}",
+        v.groups[1]
+    );
+    let rows: Vec<(Option<u32>, Option<&str>)> = v
+        .ranks
+        .iter()
+        .map(|r| (r.rank, r.node.as_deref()))
+        .collect();
+    // The culprit (also the first of its group) and the first rank of the waiters.
+    assert_eq!(rows, vec![(Some(0), Some("n1")), (Some(1), Some("n1"))]);
+    assert_eq!(v.ranks_not_listed, 9_998);
+    assert!(
+        v.warnings
+            .iter()
+            .any(|w| w.contains("lists 2 of 10000 ranks") && w.contains("evidence bundle")),
+        "{:?}",
+        v.warnings
+    );
+    let json = serde_json::to_vec(&v).expect("json");
+    assert!(json.len() < 4 << 20, "{} bytes", json.len());
+
+    // Node n7 keeps the verdict with its own eight rows, made from its own observations, beside the culprit's.
+    let n7 = &incident(1250, 8)[6];
+    let kept = hangwatch_diagnosis::rollcall::with_own_rows(v.clone(), n7);
+    let rows: Vec<(Option<u32>, Option<&str>)> = kept
+        .ranks
+        .iter()
+        .map(|r| (r.rank, r.node.as_deref()))
+        .collect();
+    let mut want = vec![(Some(0), Some("n1")), (Some(1), Some("n1"))];
+    want.extend((48..56).map(|r| (Some(r), Some("n7"))));
+    assert_eq!(rows, want);
+    assert_eq!(kept.ranks_not_listed, 9_990);
+    assert!(kept.ranks[2..].iter().all(|r| r.state == "S"));
+
+    let full = hangwatch_diagnosis::rollcall::FULL_TABLE_RANKS as u32;
+    let v = decide(&incident(full / 8, 8), &options(full / 8));
+    assert_eq!(v.ranks.len() as u32, full);
+    assert_eq!(v.ranks_not_listed, 0);
+}
+
 /// Same pids on different nodes are different processes: each node's workers stay with that node's rank.
 #[test]
 fn workers_stay_with_their_own_nodes_rank_when_pids_repeat() {

@@ -23,3 +23,8 @@ pub use recurrence::{FleetIncident, IncidentMember, Recurrence, RecurrenceSource
 pub use stall::StallTier;
 pub use timeline::*;
 pub use verdict::*;
+
+/// For `skip_serializing_if`: a count that is zero is left out of the JSON.
+pub(crate) fn is_zero(n: &u32) -> bool {
+    *n == 0
+}

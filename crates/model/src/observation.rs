@@ -53,6 +53,11 @@ pub struct ProcessObservation {
     /// blocked in a page fault: the file it faults on is one of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mapped_files: Option<MappedFiles>,
+    /// Threads left out of `threads` because each waited just like a thread that was kept (same state, wait
+    /// channel, system call and kernel stack, no CPU time): a node's roll-call answer to the coordinator folds
+    /// them (`hangwatch_diagnosis::answer`); the node's own evidence keeps every thread.
+    #[serde(default, skip_serializing_if = "crate::is_zero")]
+    pub threads_folded: u32,
 }
 
 /// The file-backed mappings of a process (`/proc/PID/maps`), each placed on its mount.

@@ -122,6 +122,11 @@ pub struct Verdict {
     /// (a `run` inside one). Absent when not known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<PidView>,
+    /// Ranks of the roll call with no row in `ranks`: beyond `hangwatch_diagnosis::rollcall::FULL_TABLE_RANKS`
+    /// the table lists each culprit and the first rank of each group (every rank is still in its group), and
+    /// each node's evidence bundle keeps its own ranks' rows.
+    #[serde(default, skip_serializing_if = "crate::is_zero")]
+    pub ranks_not_listed: u32,
 }
 
 /// Which pid namespace the pids of a verdict are numbered in.
@@ -202,6 +207,7 @@ impl Verdict {
             scope,
             scope_evidence,
             pids,
+            ranks_not_listed,
         } = self;
         Verdict {
             version: *version,
@@ -224,6 +230,7 @@ impl Verdict {
             scope: *scope,
             scope_evidence: scope_evidence.clone(),
             pids: *pids,
+            ranks_not_listed: *ranks_not_listed,
         }
     }
 
@@ -250,6 +257,7 @@ impl Verdict {
             scope: None,
             scope_evidence: Vec::new(),
             pids: None,
+            ranks_not_listed: 0,
         }
     }
 }
@@ -456,13 +464,21 @@ pub struct Group {
     pub where_: String,
     pub state: String,
     pub ranks: Vec<u32>,
-    /// The processes of the group (also those without a known rank).
+    /// The processes of the group (also those without a known rank). Empty in a verdict past the full table
+    /// (`ranks_not_listed`) when every member has a rank number: pids repeat from node to node.
     #[serde(default)]
     pub pids: Vec<i32>,
     /// The nodes the group's ranks run on, sorted (a group may span nodes; each line of `ranks` in the verdict
     /// names its node).
     #[serde(default)]
     pub nodes: Vec<String>,
+}
+
+impl Group {
+    /// How many processes the group holds (a large job's group of numbered ranks lists no pids).
+    pub fn size(&self) -> usize {
+        self.pids.len().max(self.ranks.len())
+    }
 }
 
 /// Whether a filesystem a rank is blocked on answers.
@@ -560,9 +576,13 @@ pub struct RankReport {
     #[serde(flatten)]
     pub at: RankPlace,
     pub cpu_ms_during_sample: Option<u64>,
-    /// Every thread, as observed.
+    /// Every thread, as observed (less `threads_folded`).
     #[serde(default)]
     pub threads: Vec<crate::ThreadObservation>,
+    /// Threads not listed in `threads` because each waited just like a listed one (a coordinator's verdict: the
+    /// node's answer folded them; the node's own bundle lists them all).
+    #[serde(default, skip_serializing_if = "crate::is_zero")]
+    pub threads_folded: u32,
     /// The rank's worker processes (its descendants), by the cheap /proc reads only.
     #[serde(default)]
     pub workers: Vec<WorkerReport>,

@@ -150,6 +150,7 @@ mod tests {
             },
             cpu_ms_during_sample: None,
             threads: Vec::new(),
+            threads_folded: 0,
             workers: Vec::new(),
         }
     }

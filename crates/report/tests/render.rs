@@ -324,6 +324,7 @@ fn big_verdict() -> Verdict {
             },
             cpu_ms_during_sample: Some(0),
             threads: Vec::new(),
+            threads_folded: 0,
             workers: Vec::new(),
         })
         .collect();
