@@ -521,11 +521,11 @@ fn post(http: &ureq::Agent, url: &str, body: &[u8]) -> Attempt {
 }
 
 fn run_command(command: &str, alert: &Alert, deadline: Duration) -> Attempt {
-    use hangwatch_inspect::child::{input_from_bytes, run_with_deadline_and_input, ChildOutcome};
+    use hangwatch_child::{input_from_bytes, run_with_deadline_and_input, ChildOutcome};
     let body = serde_json::to_vec(alert).unwrap_or_default();
     let stdin = input_from_bytes(c"hangwatch-alert", &body)
         .map_err(|e| (None, format!("cannot prepare the alert: {e}"), false))?;
-    let mut child = hangwatch_inspect::child::external_command("sh");
+    let mut child = hangwatch_child::external_command("sh");
     child
         .arg("-c")
         .arg(command)
