@@ -242,7 +242,7 @@ pub enum EvidenceError {
     #[error("cannot hand the evidence to a writer process")]
     Prepare(#[source] std::io::Error),
     #[error("cannot start the evidence writer")]
-    Start(#[source] hangwatch_inspect::child::ChildError),
+    Start(#[source] hangwatch_child::ChildError),
     #[error("the report directory {dir} did not answer within {timeout_s:.0}s (a frozen filesystem?); the evidence there is incomplete")]
     TimedOut { dir: PathBuf, timeout_s: f64 },
     #[error("writing the evidence into {dir} failed: {message}")]
@@ -261,24 +261,20 @@ pub fn write_abandonable(
     let input = serde_json::to_vec(files)
         .map_err(|e| EvidenceError::Prepare(std::io::Error::other(e)))
         .and_then(|bytes| {
-            hangwatch_inspect::child::input_from_bytes(c"hangwatch-evidence", &bytes)
+            hangwatch_child::input_from_bytes(c"hangwatch-evidence", &bytes)
                 .map_err(EvidenceError::Prepare)
         })?;
     let mut command = std::process::Command::new(program);
     command.arg("__write-evidence").arg(dir);
-    let outcome = hangwatch_inspect::child::run_with_deadline_and_input(command, input, deadline)
+    let outcome = hangwatch_child::run_with_deadline_and_input(command, input, deadline)
         .map_err(EvidenceError::Start)?;
     match outcome {
-        hangwatch_inspect::child::ChildOutcome::Finished { status, .. } if status.success() => {
-            Ok(())
-        }
-        hangwatch_inspect::child::ChildOutcome::Finished { stderr, .. } => {
-            Err(EvidenceError::Failed {
-                dir: dir.to_path_buf(),
-                message: String::from_utf8_lossy(&stderr).trim().to_string(),
-            })
-        }
-        hangwatch_inspect::child::ChildOutcome::TimedOut { .. } => Err(EvidenceError::TimedOut {
+        hangwatch_child::ChildOutcome::Finished { status, .. } if status.success() => Ok(()),
+        hangwatch_child::ChildOutcome::Finished { stderr, .. } => Err(EvidenceError::Failed {
+            dir: dir.to_path_buf(),
+            message: String::from_utf8_lossy(&stderr).trim().to_string(),
+        }),
+        hangwatch_child::ChildOutcome::TimedOut { .. } => Err(EvidenceError::TimedOut {
             dir: dir.to_path_buf(),
             timeout_s: deadline.as_secs_f64(),
         }),

@@ -7,14 +7,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use hangwatch_child::{input_from_bytes, run_with_deadline_and_input, ChildOutcome};
 use hangwatch_history::{FleetTarget, HistoryRequest, Recurrence};
-use hangwatch_inspect::child::{input_from_bytes, run_with_deadline_and_input, ChildOutcome};
 
 /// How long the background shipping at `run` start may take before its child is abandoned.
 pub const SHIP_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Records `request` in the database at `db` by running `program __record-history --db DB` (`program`: the
-/// running hangwatch, [`hangwatch_inspect::child::self_exe`]); the child's answer is how often the verdict's cause
+/// running hangwatch, [`hangwatch_child::self_exe`]); the child's answer is how often the verdict's cause
 /// was seen before. The child prints one answer a line, the node's own first and the fleet database's after it
 /// when there is one: the last complete line wins, also from a child abandoned at `deadline`. Errors are one
 /// line, for a warning; a verdict is never held back by its history.

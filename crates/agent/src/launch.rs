@@ -159,11 +159,11 @@ pub fn launch(spec: &LaunchSpec) -> Result<Vec<Launched>, LaunchError> {
                         nix::sys::signal::Signal::SIGKILL,
                     );
                     // Reap what dies at once; a rank stuck in D (its binary on a frozen mount) is not waited for.
-                    while matches!(l.child.try_wait(), Ok(None))
-                        && std::time::Instant::now() < until
-                    {
-                        std::thread::sleep(std::time::Duration::from_millis(10));
-                    }
+                    hangwatch_child::reap_within(
+                        &mut l.child,
+                        until.saturating_duration_since(std::time::Instant::now()),
+                        std::time::Duration::from_millis(10),
+                    );
                 }
                 return Err(e);
             }

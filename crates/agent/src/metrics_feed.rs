@@ -9,8 +9,8 @@ use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hangwatch_child::{AbandonedChild, ChildOutcome};
 use hangwatch_diagnosis::Detector;
-use hangwatch_inspect::child::{AbandonedChild, ChildOutcome};
 use hangwatch_inspect::probe::Prober;
 use hangwatch_metrics::{AgentMetrics, Dropped, RankState, StallState, ThresholdBasis};
 
@@ -244,7 +244,7 @@ fn write_in_child(
             .arg("--prune-older-than")
             .arg(age.as_secs().to_string());
     }
-    match hangwatch_inspect::child::run_with_deadline_and_input(
+    match hangwatch_child::run_with_deadline_and_input(
         command,
         std::process::Stdio::from(memfd),
         TEXTFILE_DEADLINE,

@@ -125,12 +125,11 @@ impl Reaper {
             let _ = stdin.write_all(format!("{DONE}\n").as_bytes());
         }
         // It exits as soon as it reads the line; reap it if it already has, never wait.
-        for _ in 0..50 {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
+        hangwatch_child::reap_within(
+            &mut self.child,
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_millis(2),
+        );
     }
 }
 

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 pub use dedup::{alert_key, Admit, Dedup, DEDUP_WINDOW};
 use hangwatch_model::{unix_now, Verdict};
+pub use hangwatch_model::{NotSentReason, TargetKind};
 pub use payload::{
     alertmanager_alerts, alertmanager_body, alertmanager_endpoint, chat_message, chat_text,
     rfc3339, Alert, AlertmanagerAlert, ChatMessage, Stage, ALERT_NAME,
@@ -68,31 +69,6 @@ impl Default for Limits {
     }
 }
 
-/// Which kind of receiver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TargetKind {
-    Webhook,
-    Alertmanager,
-    Command,
-}
-
-impl TargetKind {
-    pub const ALL: [TargetKind; 3] = [
-        TargetKind::Webhook,
-        TargetKind::Alertmanager,
-        TargetKind::Command,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TargetKind::Webhook => "webhook",
-            TargetKind::Alertmanager => "alertmanager",
-            TargetKind::Command => "command",
-        }
-    }
-}
-
 /// What became of one alert to one target: `alerts.json` in the evidence keeps these.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Delivery {
@@ -133,27 +109,6 @@ pub enum AlertError {
 
 /// Called for every finished delivery (metrics count them).
 pub type DeliveryHook = Box<dyn Fn(&Delivery) + Send + Sync>;
-
-/// Why an alert was not sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NotSentReason {
-    /// The same alert went out within [`DEDUP_WINDOW`].
-    Repeat,
-    /// [`Limits::max_in_flight`] deliveries were in flight.
-    Dropped,
-}
-
-impl NotSentReason {
-    pub const ALL: [NotSentReason; 2] = [NotSentReason::Repeat, NotSentReason::Dropped];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NotSentReason::Repeat => "repeat",
-            NotSentReason::Dropped => "dropped",
-        }
-    }
-}
 
 /// Called for every alert (or delivery) not sent (metrics count them).
 pub type NotSentHook = Box<dyn Fn(NotSentReason) + Send + Sync>;
@@ -521,11 +476,11 @@ fn post(http: &ureq::Agent, url: &str, body: &[u8]) -> Attempt {
 }
 
 fn run_command(command: &str, alert: &Alert, deadline: Duration) -> Attempt {
-    use hangwatch_inspect::child::{input_from_bytes, run_with_deadline_and_input, ChildOutcome};
+    use hangwatch_child::{input_from_bytes, run_with_deadline_and_input, ChildOutcome};
     let body = serde_json::to_vec(alert).unwrap_or_default();
     let stdin = input_from_bytes(c"hangwatch-alert", &body)
         .map_err(|e| (None, format!("cannot prepare the alert: {e}"), false))?;
-    let mut child = hangwatch_inspect::child::external_command("sh");
+    let mut child = hangwatch_child::external_command("sh");
     child
         .arg("-c")
         .arg(command)

@@ -160,8 +160,8 @@ pub fn finish(alerter: &Alerter, report_dir: &Path) {
             failed.error.as_deref().unwrap_or("unknown error")
         ));
     }
-    let program = hangwatch_inspect::child::self_exe()
-        .unwrap_or_else(|_| std::path::PathBuf::from("hangwatch"));
+    let program =
+        hangwatch_child::self_exe().unwrap_or_else(|_| std::path::PathBuf::from("hangwatch"));
     let record = AlertsRecord {
         deliveries,
         in_flight_at_exit: left,

@@ -89,7 +89,8 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     output::init_tracing(cli.verbose);
-    hangwatch_inspect::child::start_external_programs_through_hangwatch();
+    hangwatch_child::start_external_programs_through_hangwatch();
+    hangwatch_child::judge_binary_filesystem_with(hangwatch_inspect::reexec::binary_is_remote);
     if !is_internal(&cli.command) {
         raise_open_file_limit();
     }

@@ -16,8 +16,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use hangwatch_agent::human::say;
+use hangwatch_child::{external_command, run_with_deadline, ChildOutcome};
 use hangwatch_diagnosis::requeue::{decide_requeue, AttemptRecord, RequeueDecision, RequeueInput};
-use hangwatch_inspect::child::{external_command, run_with_deadline, ChildOutcome};
 use hangwatch_model::{ActionRecord, Verdict};
 
 use crate::slurm_job::SlurmJobJson;

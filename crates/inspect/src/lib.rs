@@ -1,7 +1,6 @@
 //! Inspects rank processes on this node without ever blocking on a watched filesystem or stopping a rank:
 //! /proc reads, Python stacks in a throwaway child, filesystem probes in sacrificial children.
 
-pub mod child;
 pub mod maps;
 pub mod namespaces;
 pub mod paths;
@@ -9,4 +8,5 @@ pub mod prepared;
 pub mod probe;
 pub mod pystack;
 pub mod ranks;
+pub mod reexec;
 pub mod rollcall;

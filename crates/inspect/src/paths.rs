@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::child::{read_json_lines, text_or_error};
+use crate::reexec::{read_json_lines, text_or_error};
 
 /// The longest path read (`PATH_MAX`).
 pub const MAX_PATH: usize = 4096;

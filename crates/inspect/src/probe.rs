@@ -30,7 +30,7 @@ use hangwatch_model::{ProbeResult, ProbeStep};
 use hangwatch_proc::{parse_mountinfo, MountTable};
 use serde::{Deserialize, Serialize};
 
-use crate::child::{run_with_deadline, self_exe, AbandonedChild, ChildError, ChildOutcome};
+use hangwatch_child::{run_with_deadline, self_exe, AbandonedChild, ChildError, ChildOutcome};
 
 /// Step names, in the order the child runs them.
 pub const STAT: &str = "stat";

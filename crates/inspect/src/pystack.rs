@@ -19,7 +19,7 @@ use hangwatch_proc::{parse_environ, RankEnv};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::{Deserialize, Serialize};
 
-use crate::child::AbandonedChild;
+use hangwatch_child::AbandonedChild;
 
 /// What a child found out about one process.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -52,7 +52,7 @@ impl StackReadOptions {
     /// Defaults for the running binary: 1 s per pid, 4 s in all, a child per core.
     pub fn for_self() -> std::io::Result<Self> {
         Ok(Self {
-            program: crate::child::self_exe()?,
+            program: hangwatch_child::self_exe()?,
             per_pid_timeout: Duration::from_secs(1),
             total_timeout: Duration::from_secs(4),
             parallelism: default_parallelism(),

@@ -108,7 +108,7 @@ pub struct LogFile {
 fn open_append(path: &Path, private: bool) -> std::io::Result<File> {
     if private {
         return hangwatch_safefs::open_file_in_dir(path, hangwatch_safefs::WriteMode::Append)
-            .map_err(|e| std::io::Error::other(crate::writer::error_chain(&e)));
+            .map_err(|e| std::io::Error::other(hangwatch_model::error_chain(&e)));
     }
     std::fs::OpenOptions::new()
         .append(true)

@@ -641,7 +641,7 @@ fn save_undelivered(
     {
         Ok(f) => f,
         Err(e) => {
-            undelivered.save_error = Some(crate::writer::error_chain(&e));
+            undelivered.save_error = Some(hangwatch_model::error_chain(&e));
             return undelivered;
         }
     };
@@ -662,11 +662,11 @@ fn save_undelivered(
         (Err(e), flushed) => {
             undelivered.save_error = Some(match flushed {
                 Err(f) if matches!(e, crate::ledger::DrainError::Spill { .. }) => {
-                    format!("{}; then: {f}", crate::writer::error_chain(&e))
+                    format!("{}; then: {f}", hangwatch_model::error_chain(&e))
                 }
                 _ => match &e {
                     crate::ledger::DrainError::Output { source, .. } => source.to_string(),
-                    crate::ledger::DrainError::Spill { .. } => crate::writer::error_chain(&e),
+                    crate::ledger::DrainError::Spill { .. } => hangwatch_model::error_chain(&e),
                 },
             });
         }

@@ -6,9 +6,10 @@
 //! and can abandon it. When the sink goes away, the child still writes what it has already read, then exits.
 //! With a size cap it also rotates the destination (`rotate.rs`), between lines.
 
-pub(crate) use hangwatch_model::error_chain;
 use std::io::{Read, Write};
 use std::path::Path;
+
+use hangwatch_model::error_chain;
 
 use crate::protocol::{self, FrameError, WriterMessage};
 use crate::rotate::{Destination, LogFile, Rotation};

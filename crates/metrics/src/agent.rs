@@ -8,14 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use hangwatch_model::{StallTier, VerdictKind};
+use hangwatch_model::{StallTier, TargetKind, VerdictKind};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-
-use hangwatch_alert::TargetKind;
 
 use crate::labels::label_value_by_name;
 use crate::outcomes::Outcomes;
@@ -463,7 +461,7 @@ impl AgentMetrics {
     }
 
     /// An alert was not sent: a repeat within the window, or dropped with too many in flight.
-    pub fn alert_not_sent(&self, reason: hangwatch_alert::NotSentReason) {
+    pub fn alert_not_sent(&self, reason: hangwatch_model::NotSentReason) {
         self.outcomes.alert_not_sent(reason);
     }
 
@@ -528,7 +526,7 @@ mod tests {
         );
         m.verdict(VerdictKind::BlockedInKernel);
         m.alert_failed(TargetKind::Webhook);
-        m.alert_not_sent(hangwatch_alert::NotSentReason::Repeat);
+        m.alert_not_sent(hangwatch_model::NotSentReason::Repeat);
         m.set_dropped_total(Dropped::Beats, 5);
         m.set_dropped_total(Dropped::Beats, 5);
         m.set_dropped_total(Dropped::Beats, 8);

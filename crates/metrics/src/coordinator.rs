@@ -6,14 +6,12 @@ use std::borrow::Cow;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use hangwatch_model::VerdictKind;
+use hangwatch_model::{TargetKind, VerdictKind};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-
-use hangwatch_alert::TargetKind;
 
 use crate::labels::label_value_by_name;
 use crate::outcomes::Outcomes;
@@ -155,7 +153,7 @@ impl CoordinatorMetrics {
     }
 
     /// An alert was not sent: a repeat within the window, or dropped with too many in flight.
-    pub fn alert_not_sent(&self, reason: hangwatch_alert::NotSentReason) {
+    pub fn alert_not_sent(&self, reason: hangwatch_model::NotSentReason) {
         self.outcomes.alert_not_sent(reason);
     }
 

@@ -1,9 +1,9 @@
 //! The label values hangwatch's metrics use: enums written as the snake_case words of docs/metrics.md.
 
 /// Where an alert went (`target` label of `hangwatch_alerts_sent_total` and `..._failed_total`): the alert
-/// crate's own kind, as a label value.
+/// kind (`hangwatch_model::TargetKind`), as a label value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Target(pub hangwatch_alert::TargetKind);
+pub(crate) struct Target(pub hangwatch_model::TargetKind);
 
 impl Target {
     fn as_str(&self) -> &'static str {
@@ -38,7 +38,7 @@ impl Kind {
 
 /// Why an alert was not sent (`reason` label of `hangwatch_alerts_not_sent_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Reason(pub hangwatch_alert::NotSentReason);
+pub(crate) struct Reason(pub hangwatch_model::NotSentReason);
 
 impl Reason {
     fn as_str(&self) -> &'static str {

@@ -1,8 +1,7 @@
 //! What the agent and the coordinator both count: verdicts by kind, alerts delivered and failed by target, alerts
 //! not sent by reason.
 
-use hangwatch_alert::{NotSentReason, TargetKind};
-use hangwatch_model::VerdictKind;
+use hangwatch_model::{NotSentReason, TargetKind, VerdictKind};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -3,6 +3,7 @@
 //!
 //! Every field that does not apply is `None` and serializes as `null`: hangwatch never invents a value.
 
+mod alerting;
 mod clock;
 mod death;
 mod errors;
@@ -14,6 +15,7 @@ mod stall;
 mod timeline;
 mod verdict;
 
+pub use alerting::{NotSentReason, TargetKind};
 pub use clock::{format_duration, unix_now, utc_time};
 pub use death::RankDeath;
 pub use errors::error_chain;

@@ -1,41 +1,13 @@
 //! The HTML page of a bundle: one self-contained document (inline CSS, no script, no external resource), every
 //! text from the bundle escaped on the way out.
 
-use std::fmt::{self, Write};
+use std::fmt::Write;
 
 use hangwatch_model::{Culprit, Verdict, VerdictKind};
 
 use crate::bundle::{Bundle, Problem};
+use crate::escape::{escape, Esc};
 use crate::grid::{self, Cell, NodeRow};
-
-/// Text escaped for HTML element content and quoted attribute values.
-///
-/// Hand-written rather than a crate: it is five characters, and every string the page shows goes through this
-/// one function, which the tests check with hostile input.
-pub struct Esc<'a>(pub &'a str);
-
-impl fmt::Display for Esc<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut rest = self.0;
-        while let Some(at) = rest.find(['&', '<', '>', '"', '\'']) {
-            f.write_str(&rest[..at])?;
-            f.write_str(match rest.as_bytes()[at] {
-                b'&' => "&amp;",
-                b'<' => "&lt;",
-                b'>' => "&gt;",
-                b'"' => "&quot;",
-                _ => "&#39;",
-            })?;
-            rest = &rest[at + 1..];
-        }
-        f.write_str(rest)
-    }
-}
-
-/// `text` escaped (see [`Esc`]).
-pub fn escape(text: &str) -> String {
-    Esc(text).to_string()
-}
 
 /// Above this many ranks the grid uses small cells without rank numbers.
 const BIG_CELLS_UP_TO: usize = 256;
@@ -1003,7 +975,7 @@ fn kernel(out: &mut String, bundle: &Bundle) {
 fn progress(out: &mut String, bundle: &Bundle) {
     out.push_str("<section id=\"progress\"><h2>Progress up to the hang</h2>");
     match &bundle.progress {
-        Some(t) => match crate::timeline::svg(t) {
+        Some(t) => match crate::timeline::svg(t, duration_text) {
             Some(svg) => {
                 out.push_str(&svg);
                 let mut caption = format!(
@@ -1144,16 +1116,6 @@ fn files(out: &mut String, bundle: &Bundle) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn escape_covers_the_five_characters_and_leaves_the_rest() {
-        assert_eq!(
-            escape(r#"<script>alert(1)</script> "a" 'b' & c — ü"#),
-            "&lt;script&gt;alert(1)&lt;/script&gt; &quot;a&quot; &#39;b&#39; &amp; c — ü"
-        );
-        assert_eq!(escape(""), "");
-        assert_eq!(escape("plain"), "plain");
-    }
 
     #[test]
     fn durations_read_well() {

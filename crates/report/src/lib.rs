@@ -8,9 +8,11 @@
 //! ```
 
 mod bundle;
+mod escape;
 pub mod grid;
 mod html;
 mod timeline;
 
 pub use bundle::{Bundle, FileProblem, Problem, ReportError, RunInfo, Thresholds, TAIL_LINES};
-pub use html::{escape, render_html};
+pub use escape::escape;
+pub use html::render_html;

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use hangwatch_model::ProgressTimeline;
 
-use crate::html::{duration_text, Esc};
+use crate::escape::Esc;
 
 const WIDTH: f64 = 1000.0;
 const HEIGHT: f64 = 230.0;
@@ -14,8 +14,9 @@ const RIGHT: f64 = 24.0;
 const TOP: f64 = 26.0;
 const BOTTOM: f64 = 40.0;
 
-/// The SVG, or `None` when the timeline has no point to draw.
-pub fn svg(timeline: &ProgressTimeline) -> Option<String> {
+/// The SVG, or `None` when the timeline has no point to draw. Durations are written by the page's
+/// `duration_text`, passed in so that this module does not import the page that embeds it.
+pub fn svg(timeline: &ProgressTimeline, duration_text: fn(f64) -> String) -> Option<String> {
     let points = &timeline.points;
     let first = points.first()?;
     let last_point = points.last()?;

@@ -193,8 +193,7 @@ async fn print_events(
     alerts: JobAlerts,
     metrics: Arc<CoordinatorMetrics>,
 ) {
-    let program =
-        hangwatch_inspect::child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
+    let program = hangwatch_child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
     let mut last_verdict = None;
     while let Some(event) = events.recv().await {
         say(format!("{who}: {}", describe(&event)));

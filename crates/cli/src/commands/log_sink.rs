@@ -51,9 +51,9 @@ pub fn open(
 }
 
 /// The log writer is this binary, started the way every child of hangwatch is (see
-/// [`hangwatch_inspect::child::self_exe`]: from memory when the binary lives on a remote filesystem).
+/// [`hangwatch_child::self_exe`]: from memory when the binary lives on a remote filesystem).
 pub fn writer_command() -> Option<WriterCommand> {
-    hangwatch_inspect::child::self_exe()
+    hangwatch_child::self_exe()
         .ok()
         .map(WriterCommand::hangwatch)
 }

@@ -62,8 +62,8 @@ impl AgentOutlets {
         };
         let textfile = match textfile {
             Some((dir, name)) => {
-                let program = hangwatch_inspect::child::self_exe()
-                    .unwrap_or_else(|_| PathBuf::from("hangwatch"));
+                let program =
+                    hangwatch_child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
                 let export = TextfileExport::start(
                     Arc::clone(&metrics),
                     program,

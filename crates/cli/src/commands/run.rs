@@ -233,7 +233,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     check_program(program).map_err(|e| usage(format!("cannot run the job: {e}")))?;
     if let Some(fleet) = &history_fleet {
         // Verdicts that waited while the fleet database did not answer: shipped now, in the background.
-        match hangwatch_inspect::child::self_exe() {
+        match hangwatch_child::self_exe() {
             Ok(exe) => hangwatch_agent::history::ship_in_background(
                 exe,
                 crate::dirs::history_db_path(),
@@ -381,7 +381,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // From here on, hangwatch's own output must not block on a frozen file (usage errors above were printed
     // directly, while nothing had started).
     let own_output = crate::commands::own_output::protect(&report_dir);
-    if let Some(what) = hangwatch_inspect::child::detach_from_binary_filesystem() {
+    if let Some(what) = hangwatch_child::detach_from_binary_filesystem() {
         tracing::info!("{what}");
     }
     // An attempt after a storage hang waits for that storage before it starts the job.
