@@ -37,8 +37,6 @@ pub struct Position {
     pub state: char,
     /// Where it is, for grouping: the meaningful Python frame, else the kernel wait.
     pub where_: String,
-    /// The Python stack of the telling thread, innermost first, as `function (file:line)`.
-    pub python_stack: Option<Vec<String>>,
     /// What the telling thread's system call touches.
     pub syscall_name: Option<String>,
     pub file: Option<FileRef>,
@@ -291,6 +289,14 @@ fn kernel_where(thread: &ThreadObservation) -> String {
     }
 }
 
+/// The Python stack of thread `tid` of `process`, innermost first, as `function (file:line)`. Made only for the
+/// processes a verdict shows (its culprits and listed rows), not for each of 10,000 ranks.
+pub fn python_stack(process: &ProcessObservation, tid: Option<i32>) -> Option<Vec<String>> {
+    let threads = process.python.as_deref()?;
+    let thread = python_thread_for(threads, tid?, process.pid)?;
+    Some(thread.frames.iter().map(PythonFrame::display).collect())
+}
+
 /// Picks the telling thread: a stuck one (filesystem wait, then stopped), else a running one when the process
 /// burns CPU, else the main thread.
 fn telling_thread(process: &ProcessObservation, busy: bool) -> Option<&ThreadObservation> {
@@ -340,7 +346,6 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
                 Some(code) => format!("exited (code {code})"),
                 None => "exited".to_string(),
             },
-            python_stack: None,
             syscall_name: None,
             file: None,
             path_unknown: None,
@@ -359,7 +364,6 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
             tid: None,
             state: 'X',
             where_: "no threads left".to_string(),
-            python_stack: None,
             syscall_name: None,
             file: None,
             path_unknown: None,
@@ -385,7 +389,6 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
         .python
         .as_deref()
         .and_then(|threads| python_thread_for(threads, thread.tid, process.pid));
-    let python_stack = py_thread.map(|t| t.frames.iter().map(PythonFrame::display).collect());
     let own_code = py_thread.and_then(|t| own_code_frame(&t.frames));
     let where_ = py_thread
         .and_then(|t| meaningful_frame(&t.frames))
@@ -395,7 +398,6 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
         tid: Some(thread.tid),
         state: thread.state,
         where_,
-        python_stack,
         syscall_name: syscall_name(thread),
         file: syscall_file(thread).cloned(),
         path_unknown: path_unknown(thread),

@@ -801,7 +801,7 @@ fn place(entry: &Entry, ctx: &Ctx) -> RankPlace {
         not_running_for_ms: thread.and_then(|t| t.not_running_for_ms),
         tracer_pid: entry.process.tracer_pid.filter(|p| *p != 0),
         sigstop_pending: Some(entry.process.sigstop_pending),
-        python_stack: entry.position.python_stack.clone(),
+        python_stack: crate::position::python_stack(entry.process, entry.position.tid),
     }
 }
 
