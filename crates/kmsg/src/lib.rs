@@ -17,19 +17,18 @@ pub mod render;
 pub mod report;
 pub mod stack;
 pub mod syscall;
-pub mod time;
 
 pub use follow::{follow, open_kmsg, FollowError, FollowSummary, DEV_KMSG};
-pub use hung::{Blocker, HungTaskReport, Syscall, SyscallSource};
-pub use notices::{
-    parse_oom_constraint, ComplaintKind, FsComplaint, OomConstraint, OomKill, XidEvent,
+/// The report's data types live in `hangwatch-model` (a node's observations carry a report); named here too so
+/// that callers of the parser find them beside it.
+pub use hangwatch_model::kernel_log::{
+    Blocker, ComplaintKind, Filesystem, FsComplaintGroup, HungTask, LineFormat, OomKill, Report,
+    Syscall, SyscallSource, Timestamp, XidGroup, REPORT_VERSION,
 };
+pub use hangwatch_model::WallTime;
+pub use hung::HungTaskReport;
+pub use notices::{parse_oom_constraint, FsComplaint, OomConstraint, XidEvent};
 pub use parser::{events_from_text, Event, Parser};
-pub use prefix::LineFormat;
 pub use render::{render_event, render_report};
-pub use report::{
-    report_from_lines, report_from_reader, report_from_text, FsComplaintGroup, HungTask, Report,
-    ReportOptions, Since, XidGroup, REPORT_VERSION,
-};
-pub use stack::{page_fault, FaultAccess, Filesystem, Frame};
-pub use time::{Timestamp, WallTime};
+pub use report::{report_from_lines, report_from_reader, report_from_text, ReportOptions, Since};
+pub use stack::{page_fault, FaultAccess, Frame};

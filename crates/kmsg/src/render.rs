@@ -3,12 +3,14 @@
 
 use std::fmt::Write as _;
 
-use crate::hung::{HungTaskReport, Syscall, SyscallSource};
-use crate::notices::{xid_meaning, ComplaintKind};
+use hangwatch_model::kernel_log::{
+    ComplaintKind, FsComplaintGroup, HungTask, LineFormat, Report, Syscall, SyscallSource,
+    Timestamp, XidGroup,
+};
+
+use crate::hung::HungTaskReport;
+use crate::notices::xid_meaning;
 use crate::parser::Event;
-use crate::prefix::LineFormat;
-use crate::report::{FsComplaintGroup, HungTask, Report, XidGroup};
-use crate::time::Timestamp;
 
 /// `04:10:52`, `2023-03-02 15:59:56`, or `boot+967.7s` when the log has only monotonic times.
 pub fn time_text(t: &Timestamp, reference: Option<&Timestamp>) -> Option<String> {

@@ -1,6 +1,7 @@
 //! Kernel stack frames as hung-task reports print them, and what a stack says: the filesystem it waits on, the
 //! VFS operation, the first frame outside the scheduler (the `wchan`), and whether it waits for a frozen filesystem.
 
+use hangwatch_model::kernel_log::Filesystem;
 use serde::{Deserialize, Serialize};
 
 /// One line of a `Call Trace:`.
@@ -107,147 +108,80 @@ pub fn is_trace_marker(text: &str) -> bool {
         .is_some_and(|i| !i.is_empty() && i.len() <= 8 && i.bytes().all(|c| c.is_ascii_uppercase()))
 }
 
-/// Filesystems a hung task can wait on, named by the modules and function prefixes of its stack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Filesystem {
-    Gpfs,
-    Lustre,
-    Nfs,
-    Fuse,
-    Ext4,
-    Xfs,
-    Btrfs,
-    Overlay,
-    Ceph,
-    Cifs,
-    #[serde(rename = "9p")]
-    NineP,
-    Beegfs,
-    Zfs,
-    Weka,
-    Autofs,
+/// The filesystem a single frame belongs to.
+pub fn filesystem_of_frame(frame: &Frame) -> Option<Filesystem> {
+    if let Some(module) = frame.module.as_deref() {
+        if let Some(fs) = filesystem_of_module(module) {
+            return Some(fs);
+        }
+    }
+    filesystem_of_function(frame.base())
 }
 
-impl Filesystem {
-    /// The name people use for it.
-    pub fn display(self) -> &'static str {
-        match self {
-            Filesystem::Gpfs => "GPFS",
-            Filesystem::Lustre => "Lustre",
-            Filesystem::Nfs => "NFS",
-            Filesystem::Fuse => "FUSE",
-            Filesystem::Ext4 => "ext4",
-            Filesystem::Xfs => "XFS",
-            Filesystem::Btrfs => "Btrfs",
-            Filesystem::Overlay => "overlayfs",
-            Filesystem::Ceph => "CephFS",
-            Filesystem::Cifs => "CIFS/SMB",
-            Filesystem::NineP => "9p",
-            Filesystem::Beegfs => "BeeGFS",
-            Filesystem::Zfs => "ZFS",
-            Filesystem::Weka => "WekaFS",
-            Filesystem::Autofs => "autofs",
+fn filesystem_of_module(module: &str) -> Option<Filesystem> {
+    let fs = match module {
+        "mmfs26" | "mmfslinux" | "tracedev" => Filesystem::Gpfs,
+        "lustre" | "llite" | "ptlrpc" | "lov" | "osc" | "mdc" | "lmv" | "obdclass" | "lnet"
+        | "ko2iblnd" | "ksocklnd" | "mgc" | "fid" | "fld" | "libcfs" => Filesystem::Lustre,
+        "nfs" | "nfsv3" | "nfsv4" | "sunrpc" | "lockd" | "nfsd" | "rpcsec_gss_krb5" => {
+            Filesystem::Nfs
         }
-    }
+        "fuse" => Filesystem::Fuse,
+        "ext4" | "jbd2" => Filesystem::Ext4,
+        "xfs" => Filesystem::Xfs,
+        "btrfs" => Filesystem::Btrfs,
+        "overlay" => Filesystem::Overlay,
+        "ceph" | "libceph" => Filesystem::Ceph,
+        "cifs" | "smb3" => Filesystem::Cifs,
+        "9p" | "9pnet" | "9pnet_virtio" => Filesystem::NineP,
+        "beegfs" => Filesystem::Beegfs,
+        "zfs" | "spl" => Filesystem::Zfs,
+        "wekafs" => Filesystem::Weka,
+        "autofs4" | "autofs" => Filesystem::Autofs,
+        _ => return None,
+    };
+    Some(fs)
+}
 
-    /// Whether a mount's filesystem type (`fuse.bindfs`, `nfs4`, `lustre`) is this filesystem.
-    pub fn matches_fstype(self, fstype: &str) -> bool {
-        let base = fstype.split('.').next().unwrap_or(fstype);
-        match self {
-            Filesystem::Gpfs => base == "gpfs",
-            Filesystem::Lustre => base == "lustre",
-            Filesystem::Nfs => base.starts_with("nfs"),
-            Filesystem::Fuse => base == "fuse" || base == "fuseblk",
-            Filesystem::Ext4 => base == "ext4" || base == "ext3",
-            Filesystem::Xfs => base == "xfs",
-            Filesystem::Btrfs => base == "btrfs",
-            Filesystem::Overlay => base == "overlay",
-            Filesystem::Ceph => base == "ceph",
-            Filesystem::Cifs => matches!(base, "cifs" | "smb3" | "smbfs"),
-            Filesystem::NineP => base == "9p",
-            Filesystem::Beegfs => base == "beegfs",
-            Filesystem::Zfs => base == "zfs",
-            Filesystem::Weka => base == "wekafs",
-            Filesystem::Autofs => base == "autofs",
-        }
+fn filesystem_of_function(f: &str) -> Option<Filesystem> {
+    const PREFIXES: &[(&str, Filesystem)] = &[
+        ("gpfs_", Filesystem::Gpfs),
+        ("ll_", Filesystem::Lustre),
+        ("ptlrpc_", Filesystem::Lustre),
+        ("ldlm_", Filesystem::Lustre),
+        ("nfs_", Filesystem::Nfs),
+        ("nfs4_", Filesystem::Nfs),
+        ("nfs3_", Filesystem::Nfs),
+        ("rpc_", Filesystem::Nfs),
+        ("__rpc_", Filesystem::Nfs),
+        ("fuse_", Filesystem::Fuse),
+        ("ext4_", Filesystem::Ext4),
+        ("jbd2_", Filesystem::Ext4),
+        ("__jbd2_", Filesystem::Ext4),
+        ("xfs_", Filesystem::Xfs),
+        ("xlog_", Filesystem::Xfs),
+        ("btrfs_", Filesystem::Btrfs),
+        ("ovl_", Filesystem::Overlay),
+        ("ceph_", Filesystem::Ceph),
+        ("cifs_", Filesystem::Cifs),
+        ("smb2_", Filesystem::Cifs),
+        ("v9fs_", Filesystem::NineP),
+        ("p9_", Filesystem::NineP),
+        ("FhgfsOps", Filesystem::Beegfs),
+        ("zpl_", Filesystem::Zfs),
+        ("zfs_", Filesystem::Zfs),
+        ("autofs_", Filesystem::Autofs),
+    ];
+    if f == "request_wait_answer" {
+        return Some(Filesystem::Fuse);
     }
-
-    /// The filesystem a single frame belongs to.
-    pub fn of_frame(frame: &Frame) -> Option<Filesystem> {
-        if let Some(module) = frame.module.as_deref() {
-            if let Some(fs) = Self::of_module(module) {
-                return Some(fs);
-            }
-        }
-        Self::of_function(frame.base())
+    if f == "ll_rw_block" {
+        return None;
     }
-
-    fn of_module(module: &str) -> Option<Filesystem> {
-        let fs = match module {
-            "mmfs26" | "mmfslinux" | "tracedev" => Filesystem::Gpfs,
-            "lustre" | "llite" | "ptlrpc" | "lov" | "osc" | "mdc" | "lmv" | "obdclass" | "lnet"
-            | "ko2iblnd" | "ksocklnd" | "mgc" | "fid" | "fld" | "libcfs" => Filesystem::Lustre,
-            "nfs" | "nfsv3" | "nfsv4" | "sunrpc" | "lockd" | "nfsd" | "rpcsec_gss_krb5" => {
-                Filesystem::Nfs
-            }
-            "fuse" => Filesystem::Fuse,
-            "ext4" | "jbd2" => Filesystem::Ext4,
-            "xfs" => Filesystem::Xfs,
-            "btrfs" => Filesystem::Btrfs,
-            "overlay" => Filesystem::Overlay,
-            "ceph" | "libceph" => Filesystem::Ceph,
-            "cifs" | "smb3" => Filesystem::Cifs,
-            "9p" | "9pnet" | "9pnet_virtio" => Filesystem::NineP,
-            "beegfs" => Filesystem::Beegfs,
-            "zfs" | "spl" => Filesystem::Zfs,
-            "wekafs" => Filesystem::Weka,
-            "autofs4" | "autofs" => Filesystem::Autofs,
-            _ => return None,
-        };
-        Some(fs)
-    }
-
-    fn of_function(f: &str) -> Option<Filesystem> {
-        const PREFIXES: &[(&str, Filesystem)] = &[
-            ("gpfs_", Filesystem::Gpfs),
-            ("ll_", Filesystem::Lustre),
-            ("ptlrpc_", Filesystem::Lustre),
-            ("ldlm_", Filesystem::Lustre),
-            ("nfs_", Filesystem::Nfs),
-            ("nfs4_", Filesystem::Nfs),
-            ("nfs3_", Filesystem::Nfs),
-            ("rpc_", Filesystem::Nfs),
-            ("__rpc_", Filesystem::Nfs),
-            ("fuse_", Filesystem::Fuse),
-            ("ext4_", Filesystem::Ext4),
-            ("jbd2_", Filesystem::Ext4),
-            ("__jbd2_", Filesystem::Ext4),
-            ("xfs_", Filesystem::Xfs),
-            ("xlog_", Filesystem::Xfs),
-            ("btrfs_", Filesystem::Btrfs),
-            ("ovl_", Filesystem::Overlay),
-            ("ceph_", Filesystem::Ceph),
-            ("cifs_", Filesystem::Cifs),
-            ("smb2_", Filesystem::Cifs),
-            ("v9fs_", Filesystem::NineP),
-            ("p9_", Filesystem::NineP),
-            ("FhgfsOps", Filesystem::Beegfs),
-            ("zpl_", Filesystem::Zfs),
-            ("zfs_", Filesystem::Zfs),
-            ("autofs_", Filesystem::Autofs),
-        ];
-        if f == "request_wait_answer" {
-            return Some(Filesystem::Fuse);
-        }
-        if f == "ll_rw_block" {
-            return None;
-        }
-        PREFIXES
-            .iter()
-            .find(|(p, _)| f.starts_with(p))
-            .map(|(_, fs)| *fs)
-    }
+    PREFIXES
+        .iter()
+        .find(|(p, _)| f.starts_with(p))
+        .map(|(_, fs)| *fs)
 }
 
 /// What a stack says about where and why a task waits.
@@ -385,7 +319,7 @@ pub fn analyze(frames: &[Frame]) -> StackFacts {
     let mut facts = StackFacts::default();
     if let Some((frame, fs)) = chosen
         .iter()
-        .find_map(|f| Filesystem::of_frame(f).map(|fs| (f, fs)))
+        .find_map(|f| filesystem_of_frame(f).map(|fs| (f, fs)))
     {
         facts.filesystem = Some(fs);
         facts.filesystem_frame = Some(frame.display());
@@ -680,12 +614,7 @@ mod tests {
     }
 
     #[test]
-    fn stack_filesystems_match_mount_types() {
-        assert!(Filesystem::Fuse.matches_fstype("fuse.bindfs"));
-        assert!(Filesystem::Fuse.matches_fstype("fuseblk"));
-        assert!(Filesystem::Nfs.matches_fstype("nfs4"));
-        assert!(Filesystem::Gpfs.matches_fstype("gpfs"));
-        assert!(!Filesystem::Fuse.matches_fstype("ext4"));
+    fn frames_read_back_from_their_display() {
         let f = Frame::from_display("gpfs_f_rdwr_iter [mmfslinux]");
         assert_eq!(
             (f.function.as_str(), f.module.as_deref()),

@@ -7,6 +7,7 @@ mod clock;
 mod death;
 mod errors;
 pub mod exit;
+pub mod kernel_log;
 mod node;
 mod observation;
 mod recurrence;
@@ -14,7 +15,9 @@ mod stall;
 mod timeline;
 mod verdict;
 
-pub use clock::{format_duration, unix_now, utc_time};
+pub use clock::{
+    duration_text, format_duration, parse_iso, unix_now, utc_time, WallTime, WallTimeParseError,
+};
 pub use death::RankDeath;
 pub use errors::error_chain;
 pub use node::*;

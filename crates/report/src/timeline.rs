@@ -3,9 +3,9 @@
 
 use std::fmt::Write;
 
-use hangwatch_model::ProgressTimeline;
+use hangwatch_model::{duration_text, ProgressTimeline};
 
-use crate::html::{duration_text, Esc};
+use crate::html::Esc;
 
 const WIDTH: f64 = 1000.0;
 const HEIGHT: f64 = 230.0;
