@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use hangwatch_kernel::syscall::{byte_count_arg, file_arg, syscall_name_for, Arch, FileArg};
 use hangwatch_model::kernel_log::{Blocker, Filesystem, Syscall, SyscallSource, Timestamp};
 
 use crate::stack::{self, Frame};
-use crate::syscall;
 
 /// One `INFO: task ... blocked for more than N seconds.` report, with its task line, stack and registers read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -221,19 +221,21 @@ impl Registers {
             return None;
         }
         let name = match self.rip_segment() {
-            Some("0033") | None => syscall::x86_64_name(nr),
+            Some("0033") | None => i64::try_from(nr)
+                .ok()
+                .and_then(|nr| syscall_name_for(Arch::X86_64, nr)),
             Some("0023") => None,
             Some(_) => return None,
         };
-        let args: Vec<u64> = ["RDI", "RSI", "RDX", "R10", "R08", "R09"]
-            .iter()
-            .map(|r| self.value(r).unwrap_or(0))
-            .collect();
-        let (has_fd, has_count) = name.map(syscall::arg_meaning).unwrap_or((false, false));
-        let fd = has_fd
-            .then(|| self.value("RDI").and_then(|v| i32::try_from(v).ok()))
-            .flatten();
-        let count = has_count.then(|| self.value("RDX")).flatten();
+        const ARGS: [&str; 6] = ["RDI", "RSI", "RDX", "R10", "R08", "R09"];
+        let args: Vec<u64> = ARGS.iter().map(|r| self.value(r).unwrap_or(0)).collect();
+        let fd = name
+            .filter(|n| file_arg(n) == FileArg::Fd { index: 0 })
+            .and_then(|_| self.value("RDI"))
+            .and_then(|v| i32::try_from(v).ok());
+        let count = name
+            .and_then(byte_count_arg)
+            .and_then(|index| self.value(ARGS.get(index)?));
         Some(Syscall {
             name: name.map(str::to_string),
             nr: Some(nr),

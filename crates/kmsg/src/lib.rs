@@ -16,7 +16,6 @@ pub mod prefix;
 pub mod render;
 pub mod report;
 pub mod stack;
-pub mod syscall;
 
 pub use follow::{follow, open_kmsg, FollowError, FollowSummary, DEV_KMSG};
 /// The report's data types live in `hangwatch-model` (a node's observations carry a report); named here too so

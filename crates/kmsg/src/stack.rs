@@ -1,6 +1,8 @@
 //! Kernel stack frames as hung-task reports print them, and what a stack says: the filesystem it waits on, the
 //! VFS operation, the first frame outside the scheduler (the `wchan`), and whether it waits for a frozen filesystem.
 
+use hangwatch_kernel::filesystem;
+use hangwatch_kernel::frames::is_scheduler_frame;
 use hangwatch_model::kernel_log::Filesystem;
 use serde::{Deserialize, Serialize};
 
@@ -111,77 +113,11 @@ pub fn is_trace_marker(text: &str) -> bool {
 /// The filesystem a single frame belongs to.
 pub fn filesystem_of_frame(frame: &Frame) -> Option<Filesystem> {
     if let Some(module) = frame.module.as_deref() {
-        if let Some(fs) = filesystem_of_module(module) {
+        if let Some(fs) = filesystem::of_module(module).and_then(Filesystem::from_key) {
             return Some(fs);
         }
     }
-    filesystem_of_function(frame.base())
-}
-
-fn filesystem_of_module(module: &str) -> Option<Filesystem> {
-    let fs = match module {
-        "mmfs26" | "mmfslinux" | "tracedev" => Filesystem::Gpfs,
-        "lustre" | "llite" | "ptlrpc" | "lov" | "osc" | "mdc" | "lmv" | "obdclass" | "lnet"
-        | "ko2iblnd" | "ksocklnd" | "mgc" | "fid" | "fld" | "libcfs" => Filesystem::Lustre,
-        "nfs" | "nfsv3" | "nfsv4" | "sunrpc" | "lockd" | "nfsd" | "rpcsec_gss_krb5" => {
-            Filesystem::Nfs
-        }
-        "fuse" => Filesystem::Fuse,
-        "ext4" | "jbd2" => Filesystem::Ext4,
-        "xfs" => Filesystem::Xfs,
-        "btrfs" => Filesystem::Btrfs,
-        "overlay" => Filesystem::Overlay,
-        "ceph" | "libceph" => Filesystem::Ceph,
-        "cifs" | "smb3" => Filesystem::Cifs,
-        "9p" | "9pnet" | "9pnet_virtio" => Filesystem::NineP,
-        "beegfs" => Filesystem::Beegfs,
-        "zfs" | "spl" => Filesystem::Zfs,
-        "wekafs" => Filesystem::Weka,
-        "autofs4" | "autofs" => Filesystem::Autofs,
-        _ => return None,
-    };
-    Some(fs)
-}
-
-fn filesystem_of_function(f: &str) -> Option<Filesystem> {
-    const PREFIXES: &[(&str, Filesystem)] = &[
-        ("gpfs_", Filesystem::Gpfs),
-        ("ll_", Filesystem::Lustre),
-        ("ptlrpc_", Filesystem::Lustre),
-        ("ldlm_", Filesystem::Lustre),
-        ("nfs_", Filesystem::Nfs),
-        ("nfs4_", Filesystem::Nfs),
-        ("nfs3_", Filesystem::Nfs),
-        ("rpc_", Filesystem::Nfs),
-        ("__rpc_", Filesystem::Nfs),
-        ("fuse_", Filesystem::Fuse),
-        ("ext4_", Filesystem::Ext4),
-        ("jbd2_", Filesystem::Ext4),
-        ("__jbd2_", Filesystem::Ext4),
-        ("xfs_", Filesystem::Xfs),
-        ("xlog_", Filesystem::Xfs),
-        ("btrfs_", Filesystem::Btrfs),
-        ("ovl_", Filesystem::Overlay),
-        ("ceph_", Filesystem::Ceph),
-        ("cifs_", Filesystem::Cifs),
-        ("smb2_", Filesystem::Cifs),
-        ("v9fs_", Filesystem::NineP),
-        ("p9_", Filesystem::NineP),
-        ("FhgfsOps", Filesystem::Beegfs),
-        ("zpl_", Filesystem::Zfs),
-        ("zfs_", Filesystem::Zfs),
-        ("autofs_", Filesystem::Autofs),
-    ];
-    if f == "request_wait_answer" {
-        return Some(Filesystem::Fuse);
-    }
-    if f == "ll_rw_block" {
-        return None;
-    }
-    PREFIXES
-        .iter()
-        .find(|(p, _)| f.starts_with(p))
-        .map(|(_, fs)| *fs)
+    filesystem::of_function(frame.base()).and_then(Filesystem::from_key)
 }
 
 /// What a stack says about where and why a task waits.
@@ -198,29 +134,6 @@ pub struct StackFacts {
     pub wchan: Option<String>,
     /// The system call named by the outermost syscall entry frame.
     pub syscall: Option<String>,
-}
-
-/// Frames that only say "asleep": the kernel's own wchan skips them too.
-fn is_scheduler(f: &str) -> bool {
-    matches!(
-        f,
-        "__switch_to"
-            | "__switch_to_asm"
-            | "context_switch"
-            | "__schedule"
-            | "schedule"
-            | "schedule_timeout"
-            | "schedule_hrtimeout"
-            | "schedule_hrtimeout_range"
-            | "schedule_hrtimeout_range_clock"
-            | "io_schedule"
-            | "io_schedule_timeout"
-            | "schedule_preempt_disabled"
-            | "preempt_schedule"
-            | "preempt_schedule_common"
-            | "_cond_resched"
-            | "__cond_resched"
-    )
 }
 
 fn operation_of(f: &str) -> Option<&'static str> {
@@ -287,13 +200,6 @@ fn operation_of(f: &str) -> Option<&'static str> {
     Some(op)
 }
 
-fn is_freeze_wait(f: &str) -> bool {
-    matches!(
-        f,
-        "percpu_rwsem_wait" | "__percpu_down_read" | "percpu_down_read" | "__sb_start_write"
-    )
-}
-
 fn is_modifying(f: &str) -> bool {
     f.contains("sb_start")
         || f.contains("write")
@@ -327,13 +233,13 @@ pub fn analyze(frames: &[Frame]) -> StackFacts {
     facts.operation = chosen.iter().find_map(|f| operation_of(f.base()));
     facts.wchan = chosen
         .iter()
-        .find(|f| !is_scheduler(f.base()))
+        .find(|f| !is_scheduler_frame(f.base()))
         .map(|f| f.display());
     facts.syscall = chosen
         .iter()
         .rev()
-        .find_map(|f| crate::syscall::from_entry_frame(f.base()));
-    let freeze_wait = chosen.iter().any(|f| is_freeze_wait(f.base()));
+        .find_map(|f| hangwatch_kernel::syscall::from_entry_frame(f.base()));
+    let freeze_wait = chosen.iter().any(|f| filesystem::is_freeze_wait(f.base()));
     let cgroup = chosen.iter().any(|f| f.base().contains("cgroup"));
     facts.frozen = freeze_wait && !cgroup && chosen.iter().any(|f| is_modifying(f.base()));
     facts
@@ -611,6 +517,17 @@ mod tests {
             "do_syscall_64",
         ]);
         assert_eq!(page_fault(&write_call), None, "a write() is no fault");
+    }
+
+    #[test]
+    fn every_filesystem_key_of_the_kernel_tables_is_a_filesystem() {
+        let keys = filesystem::MODULES
+            .iter()
+            .chain(filesystem::FUNCTION_PREFIXES)
+            .map(|(_, key)| *key);
+        for key in keys {
+            assert!(Filesystem::from_key(key).is_some(), "{key}");
+        }
     }
 
     #[test]

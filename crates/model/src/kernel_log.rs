@@ -88,6 +88,15 @@ pub enum Filesystem {
 }
 
 impl Filesystem {
+    /// The filesystem of a key as the JSON writes it (`gpfs`, `9p`): how kernel knowledge (`hangwatch-kernel`,
+    /// which names filesystems by key) becomes this type.
+    pub fn from_key(key: &str) -> Option<Filesystem> {
+        use serde::de::IntoDeserializer;
+        let key: serde::de::value::StrDeserializer<'_, serde::de::value::Error> =
+            key.into_deserializer();
+        Filesystem::deserialize(key).ok()
+    }
+
     /// The name people use for it.
     pub fn display(self) -> &'static str {
         match self {
@@ -316,5 +325,12 @@ mod tests {
         assert!(Filesystem::Nfs.matches_fstype("nfs4"));
         assert!(Filesystem::Gpfs.matches_fstype("gpfs"));
         assert!(!Filesystem::Fuse.matches_fstype("ext4"));
+    }
+
+    #[test]
+    fn filesystems_read_from_their_keys() {
+        assert_eq!(Filesystem::from_key("gpfs"), Some(Filesystem::Gpfs));
+        assert_eq!(Filesystem::from_key("9p"), Some(Filesystem::NineP));
+        assert_eq!(Filesystem::from_key("nine_p"), None);
     }
 }
