@@ -1,5 +1,8 @@
 //! Human text of reports and events: the headline sentence first, then the evidence. Times are shown as the log
 //! printed them (local time of the node), with the date only when it differs from the log's last day.
+//!
+//! The report's types come from `hangwatch_model::kernel_log`; `report.rs` calls this module for its summaries
+//! and this module never calls `report.rs`, so the two do not import each other.
 
 use std::fmt::Write as _;
 
