@@ -1,7 +1,7 @@
 //! Civil time and durations for people: the wall clock in the unit of every `*_unix_s` field (seconds since the
 //! Unix epoch, as `f64`), those times as UTC dates ([`utc_time`]), the civil date and time a log printed
 //! ([`WallTime`], the one civil-time arithmetic and formatting hangwatch has), and durations ([`format_duration`],
-//! [`duration_text`]).
+//! [`format_limit`], [`duration_text`], [`coarse_duration_text`]: one place, four forms that callers print).
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -27,8 +27,8 @@ pub fn utc_time(unix_s: f64) -> String {
         .unwrap_or_else(|| format!("{unix_s}s since 1970"))
 }
 
-/// `1.5s`, `300ms`, `2m`: the shortest honest rendering, for messages and logs. The HTML report's spaced form is
-/// [`duration_text`].
+/// `1.5s`, `300ms`, `2m`: the shortest honest rendering, for messages and logs (near-whole seconds read as whole).
+/// The other forms: [`format_limit`] (exact), [`duration_text`] (reports), [`coarse_duration_text`] (settings).
 pub fn format_duration(d: std::time::Duration) -> String {
     let ms = d.as_millis();
     if ms < 1000 {
@@ -40,6 +40,21 @@ pub fn format_duration(d: std::time::Duration) -> String {
         } else {
             format!("{s:.1}s")
         }
+    } else {
+        format!("{}m", d.as_secs() / 60)
+    }
+}
+
+/// `2s`, `500ms`, `1.5s`, `3m`: a limit as it was set (probe deadlines); unlike [`format_duration`], whole
+/// seconds only when exact (`1.0s` for 1020 ms).
+pub fn format_limit(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if (ms / 1000) * 1000 == ms && ms < 120_000 {
+        format!("{}s", ms / 1000)
+    } else if ms < 120_000 {
+        format!("{:.1}s", d.as_secs_f64())
     } else {
         format!("{}m", d.as_secs() / 60)
     }
@@ -61,6 +76,17 @@ pub fn duration_text(secs: f64) -> String {
             (secs / 3600.0) as u64,
             ((secs % 3600.0) / 60.0) as u64
         )
+    }
+}
+
+/// `90 s`, `30 min`, `2 h`, `2 h 5 min`: whole seconds as coarse as a setting is read (the kernel's hung-task
+/// timeout, in `hangwatch doctor`); [`duration_text`] is the finer form of reports.
+pub fn coarse_duration_text(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s} s"),
+        s if s < 2 * 3600 => format!("{} min", s / 60),
+        s if s % 3600 / 60 == 0 => format!("{} h", s / 3600),
+        s => format!("{} h {} min", s / 3600, s % 3600 / 60),
     }
 }
 
@@ -409,6 +435,24 @@ mod tests {
         assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
         assert_eq!(format_duration(Duration::from_millis(2020)), "2s");
         assert_eq!(format_duration(Duration::from_secs(300)), "5m");
+    }
+
+    #[test]
+    fn limits_read_as_set() {
+        use std::time::Duration;
+        assert_eq!(format_limit(Duration::from_millis(500)), "500ms");
+        assert_eq!(format_limit(Duration::from_secs(2)), "2s");
+        assert_eq!(format_limit(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(format_limit(Duration::from_millis(2020)), "2.0s");
+        assert_eq!(format_limit(Duration::from_secs(300)), "5m");
+    }
+
+    #[test]
+    fn coarse_durations_read_well() {
+        assert_eq!(coarse_duration_text(90), "90 s");
+        assert_eq!(coarse_duration_text(1800), "30 min");
+        assert_eq!(coarse_duration_text(7200), "2 h");
+        assert_eq!(coarse_duration_text(7500), "2 h 5 min");
     }
 
     #[test]

@@ -16,7 +16,8 @@ mod timeline;
 mod verdict;
 
 pub use clock::{
-    duration_text, format_duration, parse_iso, unix_now, utc_time, WallTime, WallTimeParseError,
+    coarse_duration_text, duration_text, format_duration, format_limit, parse_iso, unix_now,
+    utc_time, WallTime, WallTimeParseError,
 };
 pub use death::RankDeath;
 pub use errors::error_chain;
