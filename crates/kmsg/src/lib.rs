@@ -1,6 +1,6 @@
 //! Kernel-log reading for hangwatch: hung-task reports (which task, which system call, which filesystem, since
 //! when), NVIDIA Xid errors, filesystem complaints and OOM kills, from `dmesg -T`, `dmesg`, syslog/journalctl,
-//! ISO-timestamped or raw `/dev/kmsg` text. Parsing is pure (`&str` in, events out); [`follow`] is the I/O edge.
+//! ISO-timestamped or raw `/dev/kmsg` text. Parsing is pure (`&str` in, events out); [`follow`](mod@follow) is the I/O edge.
 //!
 //! ```
 //! let log = "[Sat Mar  4 04:10:52 2023] nfs: server fs1 not responding, still trying\n";
