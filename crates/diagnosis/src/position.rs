@@ -1,5 +1,6 @@
 //! Where one rank process is: its most telling thread, the meaningful Python frame, and its condition.
 
+use hangwatch_kernel::filesystem;
 use hangwatch_model::{
     FileRef, ProcessObservation, PythonFrame, PythonThread, SyscallObservation, ThreadObservation,
 };
@@ -59,21 +60,10 @@ pub struct Position {
     pub thread_name: Option<String>,
 }
 
-/// Kernel frames of a writer waiting for a frozen superblock (`fsfreeze`, a snapshot): the wait names no file, so
-/// the mount is found by probing (see [`waits_on_frozen_superblock`]).
-const SUPERBLOCK_WAITS: &[&str] = &[
-    "percpu_rwsem_wait",
-    "__sb_start_write",
-    "sb_start_write",
-    "sb_start_pagefault",
-    "sb_start_intwrite",
-    "mnt_want_write",
-];
-
 /// Whether a thread is in D waiting for a frozen superblock with no file known (a page fault on a shared mapping,
 /// a path that could not be read, `sync`): the mounts it could be waiting on must be probed to name one.
 pub fn waits_on_frozen_superblock(thread: &ThreadObservation) -> bool {
-    let frozen = |frame: &str| SUPERBLOCK_WAITS.iter().any(|w| frame.contains(w));
+    let frozen = |frame: &str| filesystem::FREEZE_WAITS.iter().any(|w| frame.contains(w));
     thread.state == 'D'
         && syscall_file(thread).is_none()
         && (thread.wchan.as_deref().is_some_and(frozen)
@@ -83,42 +73,13 @@ pub fn waits_on_frozen_superblock(thread: &ThreadObservation) -> bool {
                 .is_some_and(|stack| stack.iter().any(|f| frozen(f))))
 }
 
-/// Kernel function-name prefixes that mean "waiting for a filesystem or the block layer to answer".
-const FILESYSTEM_WAITS: &[&str] = &[
-    "request_wait_answer",
-    "fuse_",
-    "rpc_wait_bit_killable",
-    "nfs_",
-    "nfs4_",
-    "percpu_rwsem_wait",
-    "__sb_start_write",
-    "sb_start_write",
-    "io_schedule",
-    "folio_wait",
-    "wait_on_page",
-    "__lock_page",
-    "jbd2_",
-    "ext4_",
-    "xfs_",
-    "ll_",
-    "ptlrpc_",
-    "cl_sync_io_wait",
-    "gpfs_",
-    "mmfs",
-    "cxiWaitEvent",
-    "ceph_",
-    "rwsem_down_",
-    "blk_mq_",
-    "wait_on_bit",
-];
-
 /// A kernel function (wchan or stack frame) of a filesystem wait: by name prefix, or by a filesystem module tag
 /// (`[mmfs26]`, `[lustre]`, `[nfs]`, `[fuse]`).
 pub(crate) fn is_filesystem_function(name: &str) -> bool {
-    const MODULES: &[&str] = &[
-        "[mmfs", "[lustre]", "[ptlrpc]", "[nfs]", "[nfsv4]", "[sunrpc]", "[fuse]", "[ceph]",
-    ];
-    FILESYSTEM_WAITS.iter().any(|p| name.starts_with(p)) || MODULES.iter().any(|m| name.contains(m))
+    let module = name
+        .split_once(" [")
+        .and_then(|(_, tag)| tag.split([']', ' ']).next());
+    filesystem::is_wait_function(name) || module.and_then(filesystem::of_module).is_some()
 }
 
 /// Thread-state letters for a stopped thread.
@@ -136,19 +97,11 @@ pub fn is_filesystem_file(file: &FileRef) -> bool {
         "/proc/",
         "/sys/",
     ];
-    const NOT_FILE_TYPES: &[&str] = &[
-        "sockfs",
-        "pipefs",
-        "anon_inodefs",
-        "devtmpfs",
-        "proc",
-        "sysfs",
-    ];
     let special_path = NOT_FILES.iter().any(|prefix| file.path.starts_with(prefix));
     let special_fs = file
         .fstype
         .as_deref()
-        .is_some_and(|t| NOT_FILE_TYPES.contains(&t));
+        .is_some_and(filesystem::is_virtual_fstype);
     !special_path && !special_fs
 }
 
@@ -197,7 +150,7 @@ fn waits_on_filesystem(thread: &ThreadObservation) -> bool {
                 || (syscall_file(thread).is_some_and(is_filesystem_file)
                     && thread.kernel_stack.as_ref().is_some_and(|s| {
                         s.iter()
-                            .any(|f| FILESYSTEM_WAITS.iter().any(|w| f.contains(w)))
+                            .any(|f| filesystem::wait_prefixes().any(|w| f.contains(w)))
                     }))
         }
         _ => false,

@@ -1,6 +1,7 @@
 //! The pure half of `doctor`: facts in, a checklist out. Every check yields one [`Finding`], passed or not, with
 //! what was seen, what it costs in a hang and the exact fix; [`startup_warnings`] picks what `run` says at start.
 
+use hangwatch_model::coarse_duration_text;
 use serde::{Deserialize, Serialize};
 
 use crate::facts::{Access, HostFacts, PathRole, SysctlValue};
@@ -388,7 +389,7 @@ fn hung_task_detector(facts: &HostFacts) -> Finding {
         SysctlValue::Value(v) if u64::try_from(*v).is_ok_and(|v| v > HUGE_TIMEOUT_S) => Finding::fail(
             C,
             S,
-            format!("kernel.hung_task_timeout_secs={v}: a stuck task is reported only after {}", human_secs(*v as u64)),
+            format!("kernel.hung_task_timeout_secs={v}: a stuck task is reported only after {}", coarse_duration_text(*v as u64)),
             format!("{HUNG_WHY}; the kernel's report comes long after the job is ended"),
             "sysctl -w kernel.hung_task_timeout_secs=120",
         ),
@@ -583,7 +584,7 @@ fn collective_timeout(facts: &HostFacts) -> Finding {
             Ok(n) if n.saturating_mul(unit) > HUGE_TIMEOUT_S => {
                 huge.push(format!(
                     "{name}={value} ({})",
-                    human_secs(n.saturating_mul(unit))
+                    coarse_duration_text(n.saturating_mul(unit))
                 ));
                 fixes.push(fix);
             }
@@ -600,7 +601,7 @@ fn collective_timeout(facts: &HostFacts) -> Finding {
             S,
             format!(
                 "huge timeouts (over {}): {}",
-                human_secs(HUGE_TIMEOUT_S),
+                coarse_duration_text(HUGE_TIMEOUT_S),
                 huge.join(", ")
             ),
             WHY,
@@ -616,7 +617,7 @@ fn collective_timeout(facts: &HostFacts) -> Finding {
         format!(
             "no timeout over {} in the environment (the collective timeout itself is init_process_group(timeout=...) \
              in the job's code: 10 min by default for NCCL)",
-            human_secs(HUGE_TIMEOUT_S)
+            coarse_duration_text(HUGE_TIMEOUT_S)
         ),
         WHY,
     )
@@ -730,16 +731,6 @@ fn path_check(facts: &HostFacts, role: PathRole) -> Option<Finding> {
             why,
         ),
     })
-}
-
-/// `90 s`, `30 min`, `2 h 5 min`.
-fn human_secs(secs: u64) -> String {
-    match secs {
-        s if s < 120 => format!("{s} s"),
-        s if s < 2 * 3600 => format!("{} min", s / 60),
-        s if s % 3600 / 60 == 0 => format!("{} h", s / 3600),
-        s => format!("{} h {} min", s / 3600, s % 3600 / 60),
-    }
 }
 
 #[cfg(test)]
@@ -1201,13 +1192,5 @@ mod tests {
         assert_eq!(f["severity"], "silent");
         assert_eq!(f["ok"], false);
         assert!(json[0].get("fix").is_none(), "a passed check has no fix");
-    }
-
-    #[test]
-    fn durations_read_well() {
-        assert_eq!(human_secs(90), "90 s");
-        assert_eq!(human_secs(1800), "30 min");
-        assert_eq!(human_secs(7200), "2 h");
-        assert_eq!(human_secs(7500), "2 h 5 min");
     }
 }

@@ -10,6 +10,7 @@
 //! first component below that directory becomes `*`; anywhere else, a run of 4 or more digits inside a component
 //! (a job id, a pid, a date) becomes `*`. Site mounts (`/lustre`, `/gpfs/fs1`, `/mnt/nvme0n1`) are kept as they are.
 
+use hangwatch_kernel::frames::{is_entry_frame, is_scheduler_frame};
 use hangwatch_model::{Culprit, Verdict, VerdictKind};
 use serde::{Deserialize, Serialize};
 
@@ -107,25 +108,6 @@ fn non_empty(s: Option<&str>) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Kernel frames that say only "asleep" or "in a system call", never where: skipped when looking for the wait.
-const GENERIC_FRAMES: &[&str] = &[
-    "__schedule",
-    "schedule",
-    "schedule_timeout",
-    "schedule_preempt_disabled",
-    "io_schedule",
-    "io_schedule_timeout",
-    "do_syscall_64",
-    "entry_SYSCALL_64_after_hwframe",
-    "el0_svc",
-    "el0_svc_common",
-    "el0t_64_sync",
-    "el0t_64_sync_handler",
-    "invoke_syscall",
-    "ret_from_fork",
-    "ret_from_fork_asm",
-];
-
 /// The culprit's wchan, else the first kernel-stack frame that is not a generic scheduling or entry frame
 /// (`/proc/PID/stack` prints `[<0>] vfs_write+0x1a2/0x3c0`: only the function name is kept).
 fn kernel_wait(culprit: &Culprit) -> Option<String> {
@@ -136,7 +118,7 @@ fn kernel_wait(culprit: &Culprit) -> Option<String> {
             .as_deref()?
             .iter()
             .map(|frame| frame_function(frame))
-            .find(|f| !f.is_empty() && !GENERIC_FRAMES.contains(f))
+            .find(|f| !f.is_empty() && !is_scheduler_frame(f) && !is_entry_frame(f))
             .map(str::to_string)
     })
 }

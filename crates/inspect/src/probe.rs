@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hangwatch_model::{ProbeResult, ProbeStep};
+use hangwatch_model::{format_limit, ProbeResult, ProbeStep};
 use hangwatch_proc::{parse_mountinfo, MountTable};
 use serde::{Deserialize, Serialize};
 
@@ -292,18 +292,18 @@ pub fn interpret(
                     outcome: "timeout".into(),
                     elapsed_ms: (elapsed.as_millis() as u64).saturating_sub(finished_ms),
                 });
-                (Some(false), format!("{step} did not return within {}", short_duration(timeout)))
+                (Some(false), format!("{step} did not return within {}", format_limit(timeout)))
             }
             None if ended.is_empty() => (
                 None,
                 format!(
                     "the probe child did not start within {} (is the hangwatch executable on a stuck filesystem?)",
-                    short_duration(timeout)
+                    format_limit(timeout)
                 ),
             ),
             None => (
                 Some(true),
-                format!("every step returned, but the probe child did not exit within {}", short_duration(timeout)),
+                format!("every step returned, but the probe child did not exit within {}", format_limit(timeout)),
             ),
         },
         ChildEnd::Exited { code, stderr } if ended.is_empty() => (
@@ -418,20 +418,6 @@ pub fn human_line(result: &ProbeResult) -> String {
         format!(" ({})", done.join(", "))
     };
     format!("{}: {mount} {verdict}{detail}{steps}", result.path)
-}
-
-/// `2s`, `500ms`, `1.5s`, `3m`.
-fn short_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        format!("{ms}ms")
-    } else if (ms / 1000) * 1000 == ms && ms < 120_000 {
-        format!("{}s", ms / 1000)
-    } else if ms < 120_000 {
-        format!("{:.1}s", d.as_secs_f64())
-    } else {
-        format!("{}m", d.as_secs() / 60)
-    }
 }
 
 /// Builds the command that runs one probe child.
@@ -790,7 +776,7 @@ fn still_stuck(path: &str, mount: Option<&MountRef>, stuck: &StuckProbe) -> Prob
         elapsed_ms: 0,
         detail: format!(
             "still stuck: a probe started {} ago has not returned{} (pid {})",
-            short_duration(if age >= Duration::from_secs(1) {
+            format_limit(if age >= Duration::from_secs(1) {
                 Duration::from_secs(age.as_secs())
             } else {
                 Duration::from_millis(age.as_millis() as u64)
@@ -1308,14 +1294,6 @@ mod tests {
         );
         assert_eq!(absolute_lexically(Path::new("/..")), PathBuf::from("/"));
         assert!(absolute_lexically(Path::new("rel")).is_absolute());
-    }
-
-    #[test]
-    fn durations_are_short() {
-        assert_eq!(short_duration(Duration::from_millis(500)), "500ms");
-        assert_eq!(short_duration(Duration::from_secs(2)), "2s");
-        assert_eq!(short_duration(Duration::from_millis(1500)), "1.5s");
-        assert_eq!(short_duration(Duration::from_secs(300)), "5m");
     }
 
     #[test]

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::stack::{self, Filesystem, Frame};
-use crate::syscall;
-use crate::time::Timestamp;
+use hangwatch_kernel::syscall::{byte_count_arg, file_arg, syscall_name_for, Arch, FileArg};
+use hangwatch_model::kernel_log::{Blocker, Filesystem, Syscall, SyscallSource, Timestamp};
+
+use crate::stack::{self, Frame};
 
 /// One `INFO: task ... blocked for more than N seconds.` report, with its task line, stack and registers read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,40 +40,6 @@ pub struct HungTaskReport {
     pub stack: Vec<String>,
     /// Recent kernels name the task that likely holds the lock this one waits for.
     pub blocked_on: Option<Blocker>,
-}
-
-/// The lock owner named by "is blocked on a mutex likely owned by task X:N".
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Blocker {
-    pub comm: String,
-    pub pid: u32,
-    /// `mutex`, `semaphore`, `rw-semaphore`...
-    pub lock: String,
-}
-
-/// The system call a hung task is in.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Syscall {
-    /// `write`; `None` for a number this reader does not know.
-    pub name: Option<String>,
-    /// Number from `ORIG_RAX` (x86_64).
-    pub nr: Option<u64>,
-    pub source: SyscallSource,
-    /// The six argument registers (RDI, RSI, RDX, R10, R8, R9), when the registers were printed.
-    pub args: Vec<u64>,
-    /// File descriptor argument, for calls that take one first.
-    pub fd: Option<i32>,
-    /// Byte count argument of read/write/pread64/pwrite64.
-    pub count: Option<u64>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SyscallSource {
-    /// `ORIG_RAX` of the user registers printed under the trace.
-    Registers,
-    /// The syscall entry frame of the stack (`ksys_write`, `__x64_sys_openat`).
-    Stack,
 }
 
 /// `INFO: task python:280058 blocked for more than 120 seconds.` -> (comm, pid, seconds).
@@ -254,19 +221,21 @@ impl Registers {
             return None;
         }
         let name = match self.rip_segment() {
-            Some("0033") | None => syscall::x86_64_name(nr),
+            Some("0033") | None => i64::try_from(nr)
+                .ok()
+                .and_then(|nr| syscall_name_for(Arch::X86_64, nr)),
             Some("0023") => None,
             Some(_) => return None,
         };
-        let args: Vec<u64> = ["RDI", "RSI", "RDX", "R10", "R08", "R09"]
-            .iter()
-            .map(|r| self.value(r).unwrap_or(0))
-            .collect();
-        let (has_fd, has_count) = name.map(syscall::arg_meaning).unwrap_or((false, false));
-        let fd = has_fd
-            .then(|| self.value("RDI").and_then(|v| i32::try_from(v).ok()))
-            .flatten();
-        let count = has_count.then(|| self.value("RDX")).flatten();
+        const ARGS: [&str; 6] = ["RDI", "RSI", "RDX", "R10", "R08", "R09"];
+        let args: Vec<u64> = ARGS.iter().map(|r| self.value(r).unwrap_or(0)).collect();
+        let fd = name
+            .filter(|n| file_arg(n) == FileArg::Fd { index: 0 })
+            .and_then(|_| self.value("RDI"))
+            .and_then(|v| i32::try_from(v).ok());
+        let count = name
+            .and_then(byte_count_arg)
+            .and_then(|index| self.value(ARGS.get(index)?));
         Some(Syscall {
             name: name.map(str::to_string),
             nr: Some(nr),

@@ -3,8 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::stack::Filesystem;
-use crate::time::Timestamp;
+use hangwatch_model::kernel_log::{ComplaintKind, Filesystem, OomKill, Timestamp};
 
 /// `Future hung task reports are suppressed, see sysctl kernel.hung_task_warnings`
 pub fn is_suppression(text: &str) -> bool {
@@ -99,36 +98,6 @@ pub struct FsComplaint {
     /// Server, target or device the message names (`nfs01`, `scratch-OST0003`, `sda1`).
     pub target: Option<String>,
     pub message: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ComplaintKind {
-    /// The server does not answer; the kernel keeps trying (hard mounts hang meanwhile).
-    NotResponding,
-    /// The kernel gave up on a request (soft mounts return an error).
-    TimedOut,
-    /// The connection to a server or target was lost.
-    ConnectionLost,
-    /// An error the filesystem reported.
-    Error,
-    /// I/O error of a block device.
-    IoError,
-    /// The server answers again / the connection is restored.
-    Recovered,
-}
-
-impl ComplaintKind {
-    pub fn display(self) -> &'static str {
-        match self {
-            ComplaintKind::NotResponding => "not responding",
-            ComplaintKind::TimedOut => "timed out",
-            ComplaintKind::ConnectionLost => "connection lost",
-            ComplaintKind::Error => "error",
-            ComplaintKind::IoError => "I/O error",
-            ComplaintKind::Recovered => "recovered",
-        }
-    }
 }
 
 pub fn parse_fs_complaint(time: Timestamp, text: &str) -> Option<FsComplaint> {
@@ -274,16 +243,6 @@ fn lustre_target(rest: &str) -> Option<String> {
 fn has_word(text: &str, word: &str) -> bool {
     text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '=' || c == '_'))
         .any(|w| w.eq_ignore_ascii_case(word))
-}
-
-/// `Out of memory: Killed process 1234 (python) ...` / `Memory cgroup out of memory: Killed process ...`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OomKill {
-    pub time: Timestamp,
-    pub pid: u32,
-    pub comm: String,
-    /// Killed for exceeding a memory cgroup's limit (a Slurm job's, typically) rather than the node's memory.
-    pub cgroup: bool,
 }
 
 pub fn parse_oom_kill(time: Timestamp, text: &str) -> Option<OomKill> {

@@ -3,11 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use hangwatch_model::kernel_log::{LineFormat, OomKill, Timestamp};
+
 use crate::hung::{self, HungTaskReport, ReportBuilder};
-use crate::notices::{self, FsComplaint, OomKill, XidEvent};
-use crate::prefix::{split_prefix, LineFormat};
+use crate::notices::{self, FsComplaint, XidEvent};
+use crate::prefix::split_prefix;
 use crate::stack;
-use crate::time::Timestamp;
 
 /// Something the kernel log said that the report cares about.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -278,7 +279,7 @@ pub fn events_from_text(text: &str) -> Vec<Event> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stack::Filesystem;
+    use hangwatch_model::kernel_log::{Filesystem, SyscallSource};
 
     fn hung(events: &[Event]) -> Vec<&HungTaskReport> {
         events
@@ -377,7 +378,7 @@ Call Trace:
         let call = r.syscall.as_ref().unwrap();
         assert_eq!(
             (call.name.as_deref(), call.source),
-            (Some("fsync"), hung::SyscallSource::Stack)
+            (Some("fsync"), SyscallSource::Stack)
         );
         assert_eq!(r.time, Timestamp::default());
     }

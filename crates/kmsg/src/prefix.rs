@@ -3,27 +3,8 @@
 
 use std::borrow::Cow;
 
-use serde::{Deserialize, Serialize};
-
-use crate::time::{month_from_abbrev, parse_iso, Timestamp, WallTime};
-
-/// How a line's timestamp was written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LineFormat {
-    /// `[Sat Mar  4 04:10:52 2023] ` (`dmesg -T`).
-    DmesgCtime,
-    /// `[  967.723456] ` (plain `dmesg`, kernel console).
-    Monotonic,
-    /// `Jun 26 12:23:15 host kernel: ` (syslog, `journalctl -k`), maybe followed by `[ 123.4] `.
-    Syslog,
-    /// `2023-03-04T04:10:52,123456+01:00 ` (`dmesg --time-format iso`, `journalctl -o short-iso`).
-    Iso,
-    /// `6,1234,5678901,-;message` (records read from `/dev/kmsg`).
-    Kmsg,
-    /// No timestamp (`dmesg -t`) or one this reader does not know.
-    Bare,
-}
+use hangwatch_model::kernel_log::{LineFormat, Timestamp};
+use hangwatch_model::{parse_iso, WallTime};
 
 /// One kernel message line with its prefix removed.
 #[derive(Debug, Clone, PartialEq)]
@@ -323,6 +304,14 @@ fn looks_like_other_program(text: &str) -> bool {
         return false;
     };
     !ident.contains(' ') && ident.ends_with(']') && ident.contains('[')
+}
+
+/// Month number of an English three-letter abbreviation.
+fn month_from_abbrev(s: &str) -> Option<u8> {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    MONTHS.iter().position(|m| *m == s).map(|p| p as u8 + 1)
 }
 
 #[cfg(test)]

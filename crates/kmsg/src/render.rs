@@ -1,14 +1,19 @@
 //! Human text of reports and events: the headline sentence first, then the evidence. Times are shown as the log
 //! printed them (local time of the node), with the date only when it differs from the log's last day.
+//!
+//! The report's types come from `hangwatch_model::kernel_log`; `report.rs` calls this module for its summaries
+//! and this module never calls `report.rs`, so the two do not import each other.
 
 use std::fmt::Write as _;
 
-use crate::hung::{HungTaskReport, Syscall, SyscallSource};
-use crate::notices::{xid_meaning, ComplaintKind};
+use hangwatch_model::kernel_log::{
+    ComplaintKind, FsComplaintGroup, HungTask, LineFormat, Report, Syscall, SyscallSource,
+    Timestamp, XidGroup,
+};
+
+use crate::hung::HungTaskReport;
+use crate::notices::xid_meaning;
 use crate::parser::Event;
-use crate::prefix::LineFormat;
-use crate::report::{FsComplaintGroup, HungTask, Report, XidGroup};
-use crate::time::Timestamp;
 
 /// `04:10:52`, `2023-03-02 15:59:56`, or `boot+967.7s` when the log has only monotonic times.
 pub fn time_text(t: &Timestamp, reference: Option<&Timestamp>) -> Option<String> {

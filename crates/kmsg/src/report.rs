@@ -4,116 +4,16 @@
 
 use std::io::BufRead;
 
-use serde::{Deserialize, Serialize};
+use hangwatch_model::kernel_log::{
+    ComplaintKind, FsComplaintGroup, HungTask, OomKill, Report, Syscall, SyscallSource, Timestamp,
+    XidGroup, REPORT_VERSION,
+};
+use hangwatch_model::WallTime;
 
-use crate::hung::{Blocker, HungTaskReport, Syscall, SyscallSource};
-use crate::notices::{xid_meaning, ComplaintKind, FsComplaint, OomKill, XidEvent};
+use crate::hung::HungTaskReport;
+use crate::notices::{xid_meaning, FsComplaint, XidEvent};
 use crate::parser::{Event, LogStats, Parser};
-use crate::prefix::LineFormat;
 use crate::render;
-use crate::stack::Filesystem;
-use crate::time::{Timestamp, WallTime};
-
-/// Schema version of [`Report`].
-pub const REPORT_VERSION: u32 = 1;
-
-/// Everything `hangwatch kmsg` found in a kernel log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Report {
-    pub version: u32,
-    /// The headline: the hung task that matters most (the one reported last), else the worst other finding.
-    pub summary: String,
-    /// Lines read, including those that carried nothing of interest.
-    pub lines: u64,
-    /// The timestamp format most lines had.
-    pub format: Option<LineFormat>,
-    /// Time of the first and last timestamped line.
-    pub first_time: Option<Timestamp>,
-    pub last_time: Option<Timestamp>,
-    /// Hung tasks, the one reported last first.
-    pub hung_tasks: Vec<HungTask>,
-    /// Hung-task reports read (all tasks).
-    pub hung_task_reports: u32,
-    /// The kernel stopped reporting hung tasks (`kernel.hung_task_warnings` ran out): later hangs are not in
-    /// the log.
-    pub hung_task_reports_suppressed: bool,
-    pub suppressed_at: Option<Timestamp>,
-    pub xids: Vec<XidGroup>,
-    pub fs_complaints: Vec<FsComplaintGroup>,
-    pub oom_kills: Vec<OomKill>,
-}
-
-/// One task (comm, pid) and all the hung-task reports about it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HungTask {
-    /// One line for people: `pid 280058 (python) blocked in write() on GPFS since about 04:08:52 — ...`.
-    pub summary: String,
-    pub comm: String,
-    pub pid: u32,
-    pub tgid: Option<u32>,
-    pub ppid: Option<u32>,
-    pub state: Option<String>,
-    pub reports: u32,
-    pub first_report: Timestamp,
-    pub last_report: Timestamp,
-    /// The N of the first report's "blocked for more than N seconds".
-    pub blocked_for_s: u64,
-    /// The largest N of all reports (recent kernels print the actual time, which grows).
-    pub max_blocked_for_s: u64,
-    /// Estimate: the first report's time minus its N. The task was blocked at least since then.
-    pub blocked_since: Option<Timestamp>,
-    /// From the registers when any report printed them, else from the stack.
-    pub syscall: Option<Syscall>,
-    pub filesystem: Option<Filesystem>,
-    /// `GPFS`, `NFS`, `ext4`...
-    pub filesystem_name: Option<String>,
-    pub filesystem_frame: Option<String>,
-    pub frozen: bool,
-    pub operation: Option<String>,
-    pub wchan: Option<String>,
-    /// Stack of the last report that printed one: reliable frames, innermost first, without offsets.
-    pub stack: Vec<String>,
-    /// How many different stacks the reports showed (1 when the task never moved).
-    pub distinct_stacks: u32,
-    pub blocked_on: Option<Blocker>,
-    #[serde(skip)]
-    last_seq: u64,
-}
-
-/// Xid errors of one code on one GPU.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct XidGroup {
-    pub pci: String,
-    pub code: u32,
-    /// What the code means and what to do, for well-known codes.
-    pub meaning: Option<String>,
-    pub count: u32,
-    pub first: Timestamp,
-    pub last: Timestamp,
-    /// The driver's text of the first occurrence.
-    pub message: String,
-    /// Processes the driver named, in order of first appearance.
-    pub pids: Vec<u32>,
-    pub processes: Vec<String>,
-}
-
-/// Complaints of one kind about one server, target or device.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FsComplaintGroup {
-    pub filesystem: Option<Filesystem>,
-    /// `NFS`, `Lustre`... or `block device`.
-    pub filesystem_name: String,
-    pub kind: ComplaintKind,
-    pub target: Option<String>,
-    pub count: u32,
-    pub first: Timestamp,
-    pub last: Timestamp,
-    /// The first message, verbatim.
-    pub message: String,
-    /// When the same server or target was reported back (`nfs: server X OK`, Lustre `Connection restored`)
-    /// after the last complaint; `null` while it has not recovered in this log.
-    pub recovered_at: Option<Timestamp>,
-}
 
 /// Restricts a report to events at or after a time.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -174,7 +74,8 @@ pub struct ReportOptions {
 pub struct ReportBuilder {
     since: Option<Since>,
     seq: u64,
-    tasks: Vec<HungTask>,
+    /// Each task with the sequence number of its latest report (the latest reported comes first).
+    tasks: Vec<(HungTask, u64)>,
     reports: u32,
     suppressed_at: Option<Timestamp>,
     suppressed: bool,
@@ -217,41 +118,43 @@ impl ReportBuilder {
     fn add_hung(&mut self, r: HungTaskReport) {
         self.reports += 1;
         let seq = self.seq;
-        let Some(task) = self
+        let Some((task, last_seq)) = self
             .tasks
             .iter_mut()
-            .find(|t| t.pid == r.pid && t.comm == r.comm)
+            .find(|(t, _)| t.pid == r.pid && t.comm == r.comm)
         else {
-            self.tasks.push(HungTask {
-                summary: String::new(),
-                blocked_since: (!r.time.is_empty()).then(|| r.time.minus_secs(r.blocked_for_s)),
-                comm: r.comm,
-                pid: r.pid,
-                tgid: r.tgid,
-                ppid: r.ppid,
-                state: r.state,
-                reports: 1,
-                first_report: r.time,
-                last_report: r.time,
-                blocked_for_s: r.blocked_for_s,
-                max_blocked_for_s: r.blocked_for_s,
-                syscall: r.syscall,
-                filesystem_name: r.filesystem.map(|f| f.display().to_string()),
-                filesystem: r.filesystem,
-                filesystem_frame: r.filesystem_frame,
-                frozen: r.frozen,
-                operation: r.operation,
-                wchan: r.wchan,
-                distinct_stacks: u32::from(!r.stack.is_empty()),
-                stack: r.stack,
-                blocked_on: r.blocked_on,
-                last_seq: seq,
-            });
+            self.tasks.push((
+                HungTask {
+                    summary: String::new(),
+                    blocked_since: (!r.time.is_empty()).then(|| r.time.minus_secs(r.blocked_for_s)),
+                    comm: r.comm,
+                    pid: r.pid,
+                    tgid: r.tgid,
+                    ppid: r.ppid,
+                    state: r.state,
+                    reports: 1,
+                    first_report: r.time,
+                    last_report: r.time,
+                    blocked_for_s: r.blocked_for_s,
+                    max_blocked_for_s: r.blocked_for_s,
+                    syscall: r.syscall,
+                    filesystem_name: r.filesystem.map(|f| f.display().to_string()),
+                    filesystem: r.filesystem,
+                    filesystem_frame: r.filesystem_frame,
+                    frozen: r.frozen,
+                    operation: r.operation,
+                    wchan: r.wchan,
+                    distinct_stacks: u32::from(!r.stack.is_empty()),
+                    stack: r.stack,
+                    blocked_on: r.blocked_on,
+                },
+                seq,
+            ));
             return;
         };
         task.reports += 1;
         task.last_report = r.time;
-        task.last_seq = seq;
+        *last_seq = seq;
         task.max_blocked_for_s = task.max_blocked_for_s.max(r.blocked_for_s);
         task.tgid = r.tgid.or(task.tgid);
         task.ppid = r.ppid.or(task.ppid);
@@ -367,9 +270,11 @@ impl ReportBuilder {
     }
 
     pub fn finish(mut self, stats: &LogStats) -> Report {
-        self.tasks.sort_by_key(|t| std::cmp::Reverse(t.last_seq));
+        self.tasks
+            .sort_by_key(|(_, last_seq)| std::cmp::Reverse(*last_seq));
         let reference = stats.last_time;
-        for task in &mut self.tasks {
+        let mut tasks: Vec<HungTask> = self.tasks.into_iter().map(|(task, _)| task).collect();
+        for task in &mut tasks {
             task.summary = render::task_sentence(task, reference.as_ref());
         }
         let mut report = Report {
@@ -379,7 +284,7 @@ impl ReportBuilder {
             format: stats.main_format(),
             first_time: stats.first_time,
             last_time: stats.last_time,
-            hung_tasks: self.tasks,
+            hung_tasks: tasks,
             hung_task_reports: self.reports,
             hung_task_reports_suppressed: self.suppressed,
             suppressed_at: self.suppressed_at,

@@ -1,6 +1,9 @@
 //! Kernel stack frames as hung-task reports print them, and what a stack says: the filesystem it waits on, the
 //! VFS operation, the first frame outside the scheduler (the `wchan`), and whether it waits for a frozen filesystem.
 
+use hangwatch_kernel::filesystem;
+use hangwatch_kernel::frames::is_scheduler_frame;
+use hangwatch_model::kernel_log::Filesystem;
 use serde::{Deserialize, Serialize};
 
 /// One line of a `Call Trace:`.
@@ -107,147 +110,14 @@ pub fn is_trace_marker(text: &str) -> bool {
         .is_some_and(|i| !i.is_empty() && i.len() <= 8 && i.bytes().all(|c| c.is_ascii_uppercase()))
 }
 
-/// Filesystems a hung task can wait on, named by the modules and function prefixes of its stack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Filesystem {
-    Gpfs,
-    Lustre,
-    Nfs,
-    Fuse,
-    Ext4,
-    Xfs,
-    Btrfs,
-    Overlay,
-    Ceph,
-    Cifs,
-    #[serde(rename = "9p")]
-    NineP,
-    Beegfs,
-    Zfs,
-    Weka,
-    Autofs,
-}
-
-impl Filesystem {
-    /// The name people use for it.
-    pub fn display(self) -> &'static str {
-        match self {
-            Filesystem::Gpfs => "GPFS",
-            Filesystem::Lustre => "Lustre",
-            Filesystem::Nfs => "NFS",
-            Filesystem::Fuse => "FUSE",
-            Filesystem::Ext4 => "ext4",
-            Filesystem::Xfs => "XFS",
-            Filesystem::Btrfs => "Btrfs",
-            Filesystem::Overlay => "overlayfs",
-            Filesystem::Ceph => "CephFS",
-            Filesystem::Cifs => "CIFS/SMB",
-            Filesystem::NineP => "9p",
-            Filesystem::Beegfs => "BeeGFS",
-            Filesystem::Zfs => "ZFS",
-            Filesystem::Weka => "WekaFS",
-            Filesystem::Autofs => "autofs",
+/// The filesystem a single frame belongs to.
+pub fn filesystem_of_frame(frame: &Frame) -> Option<Filesystem> {
+    if let Some(module) = frame.module.as_deref() {
+        if let Some(fs) = filesystem::of_module(module).and_then(Filesystem::from_key) {
+            return Some(fs);
         }
     }
-
-    /// Whether a mount's filesystem type (`fuse.bindfs`, `nfs4`, `lustre`) is this filesystem.
-    pub fn matches_fstype(self, fstype: &str) -> bool {
-        let base = fstype.split('.').next().unwrap_or(fstype);
-        match self {
-            Filesystem::Gpfs => base == "gpfs",
-            Filesystem::Lustre => base == "lustre",
-            Filesystem::Nfs => base.starts_with("nfs"),
-            Filesystem::Fuse => base == "fuse" || base == "fuseblk",
-            Filesystem::Ext4 => base == "ext4" || base == "ext3",
-            Filesystem::Xfs => base == "xfs",
-            Filesystem::Btrfs => base == "btrfs",
-            Filesystem::Overlay => base == "overlay",
-            Filesystem::Ceph => base == "ceph",
-            Filesystem::Cifs => matches!(base, "cifs" | "smb3" | "smbfs"),
-            Filesystem::NineP => base == "9p",
-            Filesystem::Beegfs => base == "beegfs",
-            Filesystem::Zfs => base == "zfs",
-            Filesystem::Weka => base == "wekafs",
-            Filesystem::Autofs => base == "autofs",
-        }
-    }
-
-    /// The filesystem a single frame belongs to.
-    pub fn of_frame(frame: &Frame) -> Option<Filesystem> {
-        if let Some(module) = frame.module.as_deref() {
-            if let Some(fs) = Self::of_module(module) {
-                return Some(fs);
-            }
-        }
-        Self::of_function(frame.base())
-    }
-
-    fn of_module(module: &str) -> Option<Filesystem> {
-        let fs = match module {
-            "mmfs26" | "mmfslinux" | "tracedev" => Filesystem::Gpfs,
-            "lustre" | "llite" | "ptlrpc" | "lov" | "osc" | "mdc" | "lmv" | "obdclass" | "lnet"
-            | "ko2iblnd" | "ksocklnd" | "mgc" | "fid" | "fld" | "libcfs" => Filesystem::Lustre,
-            "nfs" | "nfsv3" | "nfsv4" | "sunrpc" | "lockd" | "nfsd" | "rpcsec_gss_krb5" => {
-                Filesystem::Nfs
-            }
-            "fuse" => Filesystem::Fuse,
-            "ext4" | "jbd2" => Filesystem::Ext4,
-            "xfs" => Filesystem::Xfs,
-            "btrfs" => Filesystem::Btrfs,
-            "overlay" => Filesystem::Overlay,
-            "ceph" | "libceph" => Filesystem::Ceph,
-            "cifs" | "smb3" => Filesystem::Cifs,
-            "9p" | "9pnet" | "9pnet_virtio" => Filesystem::NineP,
-            "beegfs" => Filesystem::Beegfs,
-            "zfs" | "spl" => Filesystem::Zfs,
-            "wekafs" => Filesystem::Weka,
-            "autofs4" | "autofs" => Filesystem::Autofs,
-            _ => return None,
-        };
-        Some(fs)
-    }
-
-    fn of_function(f: &str) -> Option<Filesystem> {
-        const PREFIXES: &[(&str, Filesystem)] = &[
-            ("gpfs_", Filesystem::Gpfs),
-            ("ll_", Filesystem::Lustre),
-            ("ptlrpc_", Filesystem::Lustre),
-            ("ldlm_", Filesystem::Lustre),
-            ("nfs_", Filesystem::Nfs),
-            ("nfs4_", Filesystem::Nfs),
-            ("nfs3_", Filesystem::Nfs),
-            ("rpc_", Filesystem::Nfs),
-            ("__rpc_", Filesystem::Nfs),
-            ("fuse_", Filesystem::Fuse),
-            ("ext4_", Filesystem::Ext4),
-            ("jbd2_", Filesystem::Ext4),
-            ("__jbd2_", Filesystem::Ext4),
-            ("xfs_", Filesystem::Xfs),
-            ("xlog_", Filesystem::Xfs),
-            ("btrfs_", Filesystem::Btrfs),
-            ("ovl_", Filesystem::Overlay),
-            ("ceph_", Filesystem::Ceph),
-            ("cifs_", Filesystem::Cifs),
-            ("smb2_", Filesystem::Cifs),
-            ("v9fs_", Filesystem::NineP),
-            ("p9_", Filesystem::NineP),
-            ("FhgfsOps", Filesystem::Beegfs),
-            ("zpl_", Filesystem::Zfs),
-            ("zfs_", Filesystem::Zfs),
-            ("autofs_", Filesystem::Autofs),
-        ];
-        if f == "request_wait_answer" {
-            return Some(Filesystem::Fuse);
-        }
-        if f == "ll_rw_block" {
-            return None;
-        }
-        PREFIXES
-            .iter()
-            .find(|(p, _)| f.starts_with(p))
-            .map(|(_, fs)| *fs)
-    }
+    filesystem::of_function(frame.base()).and_then(Filesystem::from_key)
 }
 
 /// What a stack says about where and why a task waits.
@@ -264,29 +134,6 @@ pub struct StackFacts {
     pub wchan: Option<String>,
     /// The system call named by the outermost syscall entry frame.
     pub syscall: Option<String>,
-}
-
-/// Frames that only say "asleep": the kernel's own wchan skips them too.
-fn is_scheduler(f: &str) -> bool {
-    matches!(
-        f,
-        "__switch_to"
-            | "__switch_to_asm"
-            | "context_switch"
-            | "__schedule"
-            | "schedule"
-            | "schedule_timeout"
-            | "schedule_hrtimeout"
-            | "schedule_hrtimeout_range"
-            | "schedule_hrtimeout_range_clock"
-            | "io_schedule"
-            | "io_schedule_timeout"
-            | "schedule_preempt_disabled"
-            | "preempt_schedule"
-            | "preempt_schedule_common"
-            | "_cond_resched"
-            | "__cond_resched"
-    )
 }
 
 fn operation_of(f: &str) -> Option<&'static str> {
@@ -353,13 +200,6 @@ fn operation_of(f: &str) -> Option<&'static str> {
     Some(op)
 }
 
-fn is_freeze_wait(f: &str) -> bool {
-    matches!(
-        f,
-        "percpu_rwsem_wait" | "__percpu_down_read" | "percpu_down_read" | "__sb_start_write"
-    )
-}
-
 fn is_modifying(f: &str) -> bool {
     f.contains("sb_start")
         || f.contains("write")
@@ -385,7 +225,7 @@ pub fn analyze(frames: &[Frame]) -> StackFacts {
     let mut facts = StackFacts::default();
     if let Some((frame, fs)) = chosen
         .iter()
-        .find_map(|f| Filesystem::of_frame(f).map(|fs| (f, fs)))
+        .find_map(|f| filesystem_of_frame(f).map(|fs| (f, fs)))
     {
         facts.filesystem = Some(fs);
         facts.filesystem_frame = Some(frame.display());
@@ -393,13 +233,13 @@ pub fn analyze(frames: &[Frame]) -> StackFacts {
     facts.operation = chosen.iter().find_map(|f| operation_of(f.base()));
     facts.wchan = chosen
         .iter()
-        .find(|f| !is_scheduler(f.base()))
+        .find(|f| !is_scheduler_frame(f.base()))
         .map(|f| f.display());
     facts.syscall = chosen
         .iter()
         .rev()
-        .find_map(|f| crate::syscall::from_entry_frame(f.base()));
-    let freeze_wait = chosen.iter().any(|f| is_freeze_wait(f.base()));
+        .find_map(|f| hangwatch_kernel::syscall::from_entry_frame(f.base()));
+    let freeze_wait = chosen.iter().any(|f| filesystem::is_freeze_wait(f.base()));
     let cgroup = chosen.iter().any(|f| f.base().contains("cgroup"));
     facts.frozen = freeze_wait && !cgroup && chosen.iter().any(|f| is_modifying(f.base()));
     facts
@@ -680,12 +520,18 @@ mod tests {
     }
 
     #[test]
-    fn stack_filesystems_match_mount_types() {
-        assert!(Filesystem::Fuse.matches_fstype("fuse.bindfs"));
-        assert!(Filesystem::Fuse.matches_fstype("fuseblk"));
-        assert!(Filesystem::Nfs.matches_fstype("nfs4"));
-        assert!(Filesystem::Gpfs.matches_fstype("gpfs"));
-        assert!(!Filesystem::Fuse.matches_fstype("ext4"));
+    fn every_filesystem_key_of_the_kernel_tables_is_a_filesystem() {
+        let keys = filesystem::MODULES
+            .iter()
+            .chain(filesystem::FUNCTION_PREFIXES)
+            .map(|(_, key)| *key);
+        for key in keys {
+            assert!(Filesystem::from_key(key).is_some(), "{key}");
+        }
+    }
+
+    #[test]
+    fn frames_read_back_from_their_display() {
         let f = Frame::from_display("gpfs_f_rdwr_iter [mmfslinux]");
         assert_eq!(
             (f.function.as_str(), f.module.as_deref()),

@@ -8,6 +8,7 @@ mod clock;
 mod death;
 mod errors;
 pub mod exit;
+pub mod kernel_log;
 mod node;
 mod observation;
 mod recurrence;
@@ -16,7 +17,10 @@ mod timeline;
 mod verdict;
 
 pub use alerting::{NotSentReason, TargetKind};
-pub use clock::{format_duration, unix_now, utc_time};
+pub use clock::{
+    coarse_duration_text, duration_text, format_duration, format_limit, parse_iso, unix_now,
+    utc_time, WallTime, WallTimeParseError,
+};
 pub use death::RankDeath;
 pub use errors::error_chain;
 pub use node::*;

@@ -32,7 +32,7 @@ pub struct NodeObservations {
     pub probes: Vec<ProbeResult>,
     /// What the node's kernel log said since the job started, when it was followed.
     #[serde(default)]
-    pub kernel_log: Option<hangwatch_kmsg::Report>,
+    pub kernel_log: Option<crate::kernel_log::Report>,
     /// What could not be read on this node as a whole, in words (per-process failures are in each process's
     /// `read_issues`).
     #[serde(default)]

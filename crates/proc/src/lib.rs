@@ -22,7 +22,6 @@ mod resolve;
 mod stat;
 mod status;
 mod syscall;
-mod syscall_table;
 
 pub use cgroup::{
     parse_memory_events, parse_memory_limit, parse_oom_control, parse_proc_cgroup, CgroupFs,
@@ -33,19 +32,21 @@ pub use cmdline::{is_multiprocessing_spawn, parse_cmdline};
 pub use environ::{parse_environ, Environ, RankEnv, LAUNCHER_VARIABLES};
 pub use error::{ParseError, ReadError};
 pub use fdinfo::{parse_fdinfo, FdInfo};
+pub use hangwatch_kernel::filesystem::is_pseudo_fstype;
+/// The system call tables are kernel knowledge (`hangwatch-kernel`); named here for the callers of the reader.
+pub use hangwatch_kernel::syscall::{
+    file_arg, syscall_name, syscall_name_for, Arch, FileArg, AT_FDCWD,
+};
 pub use identity::{
     filesystem_id, is_initial_pid_namespace, is_network_fstype, INITIAL_PID_NAMESPACE,
 };
 pub use io::{parse_io, IoCounters};
 pub use kernel::{parse_stack, parse_wchan};
 pub use maps::{mapped_files, parse_maps, Mapping, MAX_MAPPED_FILES};
-pub use mountinfo::{
-    is_pseudo_fstype, is_remote_fstype, parse_mountinfo, unescape, Mount, MountTable,
-};
+pub use mountinfo::{is_remote_fstype, parse_mountinfo, unescape, Mount, MountTable};
 pub use observe::{decode_syscall, observe_process, observe_threads, ProcessSample, ThreadSample};
 pub use reader::{FileResolver, ProcFs};
 pub use resolve::{resolve_file_ref, FileTarget};
 pub use stat::{parse_stat, TaskStat};
 pub use status::{parse_status, SignalMask, Status};
 pub use syscall::{parse_syscall, SyscallLine};
-pub use syscall_table::{file_arg, syscall_name, syscall_name_for, Arch, FileArg, AT_FDCWD};

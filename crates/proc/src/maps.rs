@@ -2,9 +2,10 @@
 //! takes the process's mmap lock and can block behind a page fault (docs/inspecting-a-stuck-process.md): the
 //! read belongs in an abandonable child; this module only parses and resolves text already read.
 
+use hangwatch_kernel::filesystem::is_pseudo_fstype;
 use hangwatch_model::{FileRef, MappedFile};
 
-use crate::mountinfo::{is_pseudo_fstype, MountTable};
+use crate::mountinfo::MountTable;
 
 /// One line of `maps`: `7f2c3a400000-7f2c3a600000 r--s 00000000 00:2f 1234   /data/shard-0.arrow`.
 #[derive(Debug, Clone, PartialEq, Eq)]

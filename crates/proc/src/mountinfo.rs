@@ -1,6 +1,7 @@
 //! Parser of `/proc/PID/mountinfo` and lookups in it: which mount (point, filesystem type, source) holds a file,
 //! answered from the kernel's mount table without touching the filesystem itself.
 
+use hangwatch_kernel::filesystem::is_pseudo_fstype;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ParseError;
@@ -119,36 +120,6 @@ pub fn is_remote_fstype(fstype: &str) -> bool {
         || fstype == "fuse"
         || fstype.starts_with("fuse.")
         || fstype == "fuseblk"
-}
-
-/// Kernel pseudo-filesystems and memory-backed ones, which hold no data a job waits on the storage for.
-pub fn is_pseudo_fstype(fstype: &str) -> bool {
-    const PSEUDO: &[&str] = &[
-        "proc",
-        "sysfs",
-        "cgroup",
-        "cgroup2",
-        "devpts",
-        "devtmpfs",
-        "tmpfs",
-        "ramfs",
-        "mqueue",
-        "debugfs",
-        "tracefs",
-        "securityfs",
-        "pstore",
-        "bpf",
-        "configfs",
-        "fusectl",
-        "hugetlbfs",
-        "autofs",
-        "binfmt_misc",
-        "efivarfs",
-        "nsfs",
-        "rpc_pipefs",
-        "selinuxfs",
-    ];
-    PSEUDO.contains(&fstype)
 }
 
 fn is_under(path: &str, mount_point: &str) -> bool {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use hangwatch_kernel::syscall::{file_arg, syscall_name, FileArg, AT_FDCWD};
 use hangwatch_model::{
     FileRef, PathArg, ProcessObservation, SyscallObservation, ThreadObservation,
 };
@@ -12,7 +13,6 @@ use crate::resolve::FileTarget;
 use crate::stat::TaskStat;
 use crate::status::{SignalMask, Status};
 use crate::syscall::SyscallLine;
-use crate::syscall_table::{file_arg, syscall_name, FileArg, AT_FDCWD};
 
 /// One sample of one thread, as read from `/proc/PID/task/TID/`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

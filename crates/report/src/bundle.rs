@@ -95,7 +95,7 @@ pub struct Bundle {
     pub probes: Option<Vec<ProbeResult>>,
     pub thresholds: Option<Thresholds>,
     pub run: Option<RunInfo>,
-    pub kernel_report: Option<hangwatch_kmsg::Report>,
+    pub kernel_report: Option<hangwatch_model::kernel_log::Report>,
     /// The last lines of `kernel-log.txt`.
     pub kernel_log_tail: Option<Vec<String>>,
     /// `output/rank-N.txt`, the last [`TAIL_LINES`] lines of each, by rank.
@@ -154,7 +154,8 @@ impl Bundle {
         let probes = reader.json::<Vec<ProbeResult>>("probes.json");
         let thresholds = reader.json::<Thresholds>("thresholds.json");
         let run = reader.json::<RunInfo>("run.json");
-        let kernel_report = reader.json::<hangwatch_kmsg::Report>("kernel-report.json");
+        let kernel_report =
+            reader.json::<hangwatch_model::kernel_log::Report>("kernel-report.json");
         let kernel_log_tail = reader.text("kernel-log.txt").map(|t| last_lines(&t, 200));
         let progress = reader.json::<ProgressTimeline>("progress.json");
         let output_tails = reader.output_tails();

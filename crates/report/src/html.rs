@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use hangwatch_model::{Culprit, Verdict, VerdictKind};
+use hangwatch_model::{duration_text, Culprit, Verdict, VerdictKind};
 
 use crate::bundle::{Bundle, Problem};
 use crate::escape::{escape, Esc};
@@ -81,24 +81,6 @@ fn state_class(state: &str) -> &'static str {
         Some('Z' | 'X') => "sZ",
         Some('R') => "sR",
         _ => "",
-    }
-}
-
-/// Seconds for people: `850 ms`, `4.9 s`, `3 min 20 s`, `2 h 5 min`.
-pub fn duration_text(secs: f64) -> String {
-    let secs = secs.max(0.0);
-    if secs < 1.0 {
-        format!("{:.0} ms", secs * 1000.0)
-    } else if secs < 60.0 {
-        format!("{secs:.1} s")
-    } else if secs < 3600.0 {
-        format!("{} min {} s", (secs / 60.0) as u64, (secs % 60.0) as u64)
-    } else {
-        format!(
-            "{} h {} min",
-            (secs / 3600.0) as u64,
-            ((secs % 3600.0) / 60.0) as u64
-        )
     }
 }
 
@@ -975,7 +957,7 @@ fn kernel(out: &mut String, bundle: &Bundle) {
 fn progress(out: &mut String, bundle: &Bundle) {
     out.push_str("<section id=\"progress\"><h2>Progress up to the hang</h2>");
     match &bundle.progress {
-        Some(t) => match crate::timeline::svg(t, duration_text) {
+        Some(t) => match crate::timeline::svg(t) {
             Some(svg) => {
                 out.push_str(&svg);
                 let mut caption = format!(
@@ -1116,14 +1098,6 @@ fn files(out: &mut String, bundle: &Bundle) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_read_well() {
-        assert_eq!(duration_text(0.25), "250 ms");
-        assert_eq!(duration_text(4.86), "4.9 s");
-        assert_eq!(duration_text(200.0), "3 min 20 s");
-        assert_eq!(duration_text(7500.0), "2 h 5 min");
-    }
 
     #[test]
     fn times_are_utc() {

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use hangwatch_model::ProgressTimeline;
+use hangwatch_model::{duration_text, ProgressTimeline};
 
 use crate::escape::Esc;
 
@@ -14,9 +14,8 @@ const RIGHT: f64 = 24.0;
 const TOP: f64 = 26.0;
 const BOTTOM: f64 = 40.0;
 
-/// The SVG, or `None` when the timeline has no point to draw. Durations are written by the page's
-/// `duration_text`, passed in so that this module does not import the page that embeds it.
-pub fn svg(timeline: &ProgressTimeline, duration_text: fn(f64) -> String) -> Option<String> {
+/// The SVG, or `None` when the timeline has no point to draw.
+pub fn svg(timeline: &ProgressTimeline) -> Option<String> {
     let points = &timeline.points;
     let first = points.first()?;
     let last_point = points.last()?;

@@ -214,7 +214,7 @@ fn parse_since(text: &str, now_unix_s: f64) -> Result<f64, String> {
     } else {
         t.to_string()
     };
-    full.parse::<hangwatch_kmsg::WallTime>()
+    full.parse::<hangwatch_model::WallTime>()
         .ok()
         .and_then(|w| w.to_unix_s())
         .ok_or_else(|| {

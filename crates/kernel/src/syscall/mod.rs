@@ -1,5 +1,6 @@
-//! System call numbers to names (x86_64 and aarch64), and which argument of a call names a file: the fd a
-//! blocked `write` waits on is what leads from a stuck thread to a file, a mount and a filesystem.
+//! System calls: numbers to names (x86_64 and aarch64), which argument of a call names a file (the fd a blocked
+//! `write` waits on is what leads from a stuck thread to a file, a mount and a filesystem) or counts bytes, and the
+//! syscall entry frames of kernel stacks (`ksys_write`, `__x64_sys_openat`) for traces that print no registers.
 
 mod aarch64;
 mod x86_64;
@@ -230,6 +231,59 @@ pub fn file_arg(name: &str) -> FileArg {
     }
 }
 
+/// Which argument of a call (0-based) is a byte count, as the user would read it: `write(fd 108, 2440 bytes)`.
+pub fn byte_count_arg(name: &str) -> Option<usize> {
+    matches!(name, "read" | "write" | "pread64" | "pwrite64").then_some(2)
+}
+
+/// The system call named by a syscall entry frame (function name without offset or module), if it is one.
+/// Covers the generic wrappers of all architectures and the `ksys_`/`do_sys_` helpers that survive inlining.
+pub fn from_entry_frame(function: &str) -> Option<String> {
+    const PREFIXES: [&str; 9] = [
+        "__x64_sys_",
+        "__arm64_sys_",
+        "__ia32_sys_",
+        "__riscv_sys_",
+        "__se_sys_",
+        "__do_sys_",
+        "ksys_",
+        "SyS_",
+        "sys_",
+    ];
+    for prefix in PREFIXES {
+        if let Some(name) = function.strip_prefix(prefix) {
+            if name.is_empty() || !name.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_') {
+                return None;
+            }
+            return Some(normalize(name).to_string());
+        }
+    }
+    let name = match function {
+        "do_sys_open" | "do_sys_openat2" => "openat",
+        "do_unlinkat" => "unlinkat",
+        "do_rmdir" => "rmdir",
+        "do_mkdirat" => "mkdirat",
+        "do_renameat2" => "renameat2",
+        "do_fsync" => "fsync",
+        "do_sys_ftruncate" => "ftruncate",
+        "iterate_dir" => "getdents64",
+        "do_statx" => "statx",
+        _ => return None,
+    };
+    Some(name.to_string())
+}
+
+/// The kernel's internal names of the stat family (`newstat`) are the user's `stat`.
+fn normalize(name: &str) -> &str {
+    match name {
+        "newstat" => "stat",
+        "newlstat" => "lstat",
+        "newfstat" => "fstat",
+        "newuname" => "uname",
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +308,7 @@ mod tests {
             (0, "read"),
             (1, "write"),
             (3, "close"),
+            (4, "stat"),
             (7, "poll"),
             (9, "mmap"),
             (11, "munmap"),
@@ -424,5 +479,31 @@ mod tests {
                 "{name} is not a system call on x86_64 or aarch64"
             );
         }
+    }
+
+    #[test]
+    fn entry_frames_name_the_call() {
+        assert_eq!(from_entry_frame("ksys_write").as_deref(), Some("write"));
+        assert_eq!(
+            from_entry_frame("__x64_sys_openat").as_deref(),
+            Some("openat")
+        );
+        assert_eq!(
+            from_entry_frame("__arm64_sys_read").as_deref(),
+            Some("read")
+        );
+        assert_eq!(
+            from_entry_frame("__do_sys_newstat").as_deref(),
+            Some("stat")
+        );
+        assert_eq!(from_entry_frame("SyS_fsync").as_deref(), Some("fsync"));
+        assert_eq!(from_entry_frame("vfs_write"), None);
+        assert_eq!(from_entry_frame("sys_"), None);
+    }
+
+    #[test]
+    fn byte_counts_are_the_third_argument_of_reads_and_writes() {
+        assert_eq!(byte_count_arg("pwrite64"), Some(2));
+        assert_eq!(byte_count_arg("fsync"), None);
     }
 }
