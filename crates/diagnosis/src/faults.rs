@@ -53,7 +53,7 @@ pub fn in_page_fault(thread: &ThreadObservation) -> Option<FaultAccess> {
             let fs_wait = thread
                 .wchan
                 .as_deref()
-                .is_some_and(crate::position::is_filesystem_function);
+                .is_some_and(hangwatch_kernel::filesystem::is_wait_frame);
             (outside && (thread.state == 'D' || fs_wait)).then_some(FaultAccess::Read)
         }
     }

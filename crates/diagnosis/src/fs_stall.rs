@@ -25,7 +25,7 @@ pub fn thread_blocked(state: char, wchan: Option<&str>) -> Option<Blocked> {
     match state {
         'D' => Some(Blocked::FilesystemWait),
         'T' | 't' => Some(Blocked::Stopped),
-        'S' if wchan.is_some_and(crate::position::is_filesystem_function) => {
+        'S' if wchan.is_some_and(hangwatch_kernel::filesystem::is_wait_frame) => {
             Some(Blocked::FilesystemWait)
         }
         _ => None,

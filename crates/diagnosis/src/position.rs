@@ -73,15 +73,6 @@ pub fn waits_on_frozen_superblock(thread: &ThreadObservation) -> bool {
                 .is_some_and(|stack| stack.iter().any(|f| frozen(f))))
 }
 
-/// A kernel function (wchan or stack frame) of a filesystem wait: by name prefix, or by a filesystem module tag
-/// (`[mmfs26]`, `[lustre]`, `[nfs]`, `[fuse]`).
-pub(crate) fn is_filesystem_function(name: &str) -> bool {
-    let module = name
-        .split_once(" [")
-        .and_then(|(_, tag)| tag.split([']', ' ']).next());
-    filesystem::is_wait_function(name) || module.and_then(filesystem::of_module).is_some()
-}
-
 /// Thread-state letters for a stopped thread.
 fn is_stopped(state: char) -> bool {
     matches!(state, 'T' | 't')
@@ -146,7 +137,10 @@ fn waits_on_filesystem(thread: &ThreadObservation) -> bool {
         'D' => true,
         // The kernel-stack scan is the costly part (thousands of threads at 10,000 ranks): only when it decides.
         'S' => {
-            thread.wchan.as_deref().is_some_and(is_filesystem_function)
+            thread
+                .wchan
+                .as_deref()
+                .is_some_and(filesystem::is_wait_frame)
                 || (syscall_file(thread).is_some_and(is_filesystem_file)
                     && thread.kernel_stack.as_ref().is_some_and(|s| {
                         s.iter()
@@ -456,21 +450,6 @@ mod tests {
             meaningful_frame(&frames).as_deref(),
             Some("write_log (rank.py)")
         );
-    }
-
-    #[test]
-    fn filesystem_waits_match_by_prefix_not_substring() {
-        assert!(is_filesystem_function("request_wait_answer"));
-        assert!(is_filesystem_function("percpu_rwsem_wait"));
-        assert!(is_filesystem_function(
-            "cxiWaitEventWait+0x1d0/0x2c0 [mmfslinux]"
-        ));
-        assert!(
-            !is_filesystem_function("poll_schedule_timeout.constprop.0"),
-            "`ll_` is Lustre only as a prefix"
-        );
-        assert!(!is_filesystem_function("do_wait"));
-        assert!(!is_filesystem_function("futex_wait_queue"));
     }
 
     #[test]

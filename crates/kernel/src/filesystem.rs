@@ -146,6 +146,15 @@ pub fn is_wait_function(function: &str) -> bool {
     wait_prefixes().any(|prefix| function.starts_with(prefix))
 }
 
+/// Whether a kernel function (a wchan, a stack frame with its module tag) is a filesystem wait: by name prefix,
+/// or by a filesystem module tag (`[mmfs26]`, `[lustre]`, `[nfs]`, `[fuse]`).
+pub fn is_wait_frame(frame: &str) -> bool {
+    let module = frame
+        .split_once(" [")
+        .and_then(|(_, tag)| tag.split([']', ' ']).next());
+    is_wait_function(frame) || module.and_then(of_module).is_some()
+}
+
 /// Whether a frame (base name) is one of a writer waiting for a frozen filesystem.
 pub fn is_freeze_wait(function: &str) -> bool {
     FREEZE_WAITS.contains(&function)
@@ -195,6 +204,19 @@ pub fn is_pseudo_fstype(fstype: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn filesystem_waits_match_by_prefix_or_module_not_substring() {
+        assert!(is_wait_frame("request_wait_answer"));
+        assert!(is_wait_frame("percpu_rwsem_wait"));
+        assert!(is_wait_frame("cxiWaitEventWait+0x1d0/0x2c0 [mmfslinux]"));
+        assert!(
+            !is_wait_frame("poll_schedule_timeout.constprop.0"),
+            "`ll_` is Lustre only as a prefix"
+        );
+        assert!(!is_wait_frame("do_wait"));
+        assert!(!is_wait_frame("futex_wait_queue"));
+    }
 
     #[test]
     fn modules_and_functions_name_their_filesystem() {
