@@ -10,8 +10,6 @@ mod output;
 mod requeue;
 mod secret;
 mod size;
-mod slurm;
-mod slurm_job;
 mod storage_wait;
 
 use std::process::ExitCode;

@@ -72,7 +72,8 @@ pub fn read_job_secret(path: &Path, job_id: &str) -> anyhow::Result<JobSecret> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // The agents' own rule (`run`): --job-id, else the Slurm job's id, else `job`.
-    let job_id = crate::slurm::job_id_or_default(args.job_id.as_deref(), |k| std::env::var(k).ok());
+    let job_id =
+        hangwatch_slurm::step::job_id_or_default(args.job_id.as_deref(), |k| std::env::var(k).ok());
     let secret = read_job_secret(&args.token_file, &job_id)?;
     let alerter = std::sync::Arc::new(args.alerts.alerter()?);
     // Held open (and locked) while the coordinator runs.

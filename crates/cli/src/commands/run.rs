@@ -14,7 +14,7 @@ use hangwatch_metrics::{textfile_name, AgentMetrics};
 
 use crate::duration::{parse_duration, parse_nonzero_duration};
 use crate::exit::usage;
-use crate::slurm::{self, Placement};
+use hangwatch_slurm::step::{self as slurm, Placement};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Action {
@@ -204,7 +204,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let node_name = args.node_name.clone().or_else(|| slurm::node_name(env));
     // A requeued attempt learns what happened to the one before, from the job itself.
     let slurm_job = (args.action == Action::Requeue)
-        .then(|| crate::requeue::SlurmJob::from_env(env))
+        .then(|| hangwatch_slurm::requeue::SlurmJob::from_env(env))
         .flatten();
     if args.action == Action::Requeue && slurm_job.is_none() {
         say("hangwatch: --action requeue outside a Slurm job: a hang is ended as with --action abort (exit 75)");
