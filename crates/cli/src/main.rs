@@ -6,6 +6,7 @@ mod dirs;
 mod duration;
 mod exit;
 mod fleet;
+mod job_events;
 mod output;
 mod requeue;
 mod secret;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use hangwatch_agent::human::say;
 use hangwatch_agent::launch::{check_program, LaunchSpec};
 use hangwatch_agent::supervise::{run as supervise, OnHang, RunConfig, EXIT_HUNG};
+use hangwatch_coordinator::hosted::HostError;
 use hangwatch_diagnosis::DetectorConfig;
 use hangwatch_metrics::{textfile_name, AgentMetrics};
 
@@ -336,12 +337,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let activity = hangwatch_agent::supervise::activity_rule(&config.detector);
     let hosted = match coordination.as_ref().and_then(|c| c.host.as_ref()) {
         Some((listen, hosted_config)) => {
-            match crate::commands::coordinator::HostedCoordinator::start(
+            match crate::job_events::Hosted::start(
                 *listen,
                 hosted_config.clone(),
-                args.action.on_hang(),
-                activity,
-                crate::commands::coordinator::JobAlerts {
+                hangwatch_coordinator::SuperviseOptions {
+                    on_hang: args.action.on_hang(),
+                    activity,
+                    ..hangwatch_coordinator::SuperviseOptions::default()
+                },
+                crate::job_events::JobAlerts {
                     alerter: std::sync::Arc::clone(&alerter),
                     job: Some(job_id.clone()),
                     evidence: format!(
@@ -352,7 +356,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 },
             ) {
                 Ok(hosted) => Some(hosted),
-                Err(crate::commands::coordinator::HostError::PortTaken(why)) => {
+                Err(why @ HostError::PortTaken { .. }) => {
                     // Someone else holds the port (it is derived from the job id): the job still runs, each node
                     // deciding alone; the other nodes refuse whatever listens there, as it cannot prove the job's key.
                     say(format!(
@@ -362,7 +366,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     config.coordinator = None;
                     None
                 }
-                Err(crate::commands::coordinator::HostError::Other(e)) => return Err(e),
+                Err(e @ HostError::Listen { .. }) => return Err(usage(e.to_string())),
+                Err(e) => return Err(e.into()),
             }
         }
         None => None,
@@ -605,7 +610,7 @@ fn coordination(
             "the coordinator needs the job's token: give --token-file FILE (the same secret on every node, chmod 600; e.g. `openssl rand -hex 32 > FILE`)",
         ));
     };
-    let secret = crate::commands::coordinator::read_job_secret(token_file, job_id)?;
+    let secret = crate::secret::read_job_secret(token_file, job_id)?;
     let node = node_name
         .map(str::to_string)
         .ok_or_else(|| usage("cannot tell this node's name (no hostname): give --node-name"))?;
