@@ -19,8 +19,9 @@ use hangwatch_model::VerdictKind;
 use crate::duration::{parse_duration, parse_nonzero_duration};
 use crate::exit::usage;
 
-/// The rank stand-in the demo runs (the same script the system tests use).
-const RANK_SCRIPT: &str = include_str!("../../../../tests/python/rank.py");
+/// The demo job's rank: compute, rank 0 logs, a barrier (written for a reader: it is what a user of the demo
+/// sees; the system tests' richer stand-in is tests/python/rank.py).
+const RANK_SCRIPT: &str = include_str!("demo_rank.py");
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -193,8 +194,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "0.2".into(),
                 "--log".into(),
                 log.clone().into(),
-                "--only-rank".into(),
-                "0".into(),
             ],
             nproc: Some(args.nproc),
             socket: None,
