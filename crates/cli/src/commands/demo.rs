@@ -185,25 +185,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         })
     };
+    let launch = LaunchSpec {
+        command: vec![
+            python.into(),
+            script.clone().into(),
+            "--step-time".into(),
+            "0.2".into(),
+            "--log".into(),
+            log.clone().into(),
+        ],
+        nproc: Some(args.nproc),
+        socket: None,
+        beats: None,
+        nnodes: 1,
+        node_rank: 0,
+        master_addr: "127.0.0.1".into(),
+        master_port: None,
+        env: Vec::new(),
+    };
     let config = RunConfig {
-        launch: LaunchSpec {
-            command: vec![
-                python.into(),
-                script.clone().into(),
-                "--step-time".into(),
-                "0.2".into(),
-                "--log".into(),
-                log.clone().into(),
-            ],
-            nproc: Some(args.nproc),
-            socket: None,
-            beats: None,
-            nnodes: 1,
-            node_rank: 0,
-            master_addr: "127.0.0.1".into(),
-            master_port: None,
-            env: Vec::new(),
-        },
         detector: DetectorConfig {
             fixed: Some(args.stall_after),
             ..DetectorConfig::default()
@@ -211,24 +211,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         on_hang: OnHang::Abort,
         grace: Duration::from_secs(2),
         kill_wait: Duration::from_secs(2),
-        report_dir: report_dir.clone(),
         console: Some(true),
         prefix: true,
-        sink: None,
         tick: Duration::from_millis(100),
         window: Duration::from_millis(300),
-        stack_timeout: Duration::from_secs(1),
-        probe_timeout: Duration::from_secs(2),
         node: hangwatch_inspect::rollcall::hostname(),
-        job_id: None,
-        alerter: std::sync::Arc::new(hangwatch_alert::Alerter::none()),
         // The demo's staged hang is not this machine's history.
         history_db: None,
-        history_fleet: None,
         failed_rank_grace: Duration::from_secs(10),
-        coordinator: None,
-        fs_stall: Duration::from_secs(15),
-        metrics: None,
+        ..RunConfig::new(launch, report_dir.clone())
     };
     let started = Instant::now();
     let outcome = supervise(config)?;

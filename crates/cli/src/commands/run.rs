@@ -288,18 +288,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             move |r| not_sent.alert_not_sent(r),
         );
     }
+    let launch = LaunchSpec {
+        command: args.command.clone(),
+        nproc: args.nproc,
+        socket: None,
+        beats: None,
+        nnodes,
+        node_rank,
+        master_addr,
+        master_port,
+        env: restart_env,
+    };
     let mut config = RunConfig {
-        launch: LaunchSpec {
-            command: args.command.clone(),
-            nproc: args.nproc,
-            socket: None,
-            beats: None,
-            nnodes,
-            node_rank,
-            master_addr,
-            master_port,
-            env: restart_env,
-        },
         detector: DetectorConfig {
             fixed: args.stall_after,
             floor: args.min_stall,
@@ -308,18 +308,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
         on_hang: args.action.on_hang(),
         grace: args.grace,
-        kill_wait: Duration::from_secs(3),
-        report_dir: report_dir.clone(),
         console: (!args.quiet).then_some(args.json),
         prefix: !args.no_prefix && args.nproc.is_some_and(|n| n > 1),
         sink: sink.as_ref().map(|s| s.line_sink()),
-        tick: Duration::from_millis(200),
-        // Shorter than `dump`'s 300 ms: by the time `run` takes a roll call the detector has seen seconds without
-        // progress; the window only tells threads that spin from threads that sleep, and with the stack readers
-        // prepared it is most of the roll call's time.
-        window: Duration::from_millis(100),
-        stack_timeout: Duration::from_secs(1),
-        probe_timeout: Duration::from_secs(2),
         node: node_name.clone(),
         job_id: Some(job_id.clone()),
         alerter: std::sync::Arc::clone(&alerter),
@@ -333,6 +324,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         coordinator: coordination.as_ref().map(|c| c.link.clone()),
         fs_stall: args.fs_stall,
         metrics: agent_metrics.clone(),
+        ..RunConfig::new(launch, report_dir.clone())
     };
     let activity = hangwatch_agent::supervise::activity_rule(&config.detector);
     let hosted = match coordination.as_ref().and_then(|c| c.host.as_ref()) {
