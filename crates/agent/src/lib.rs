@@ -17,6 +17,7 @@ pub mod policy;
 pub mod progress;
 pub mod reaper;
 pub mod render;
+mod run_config;
 pub mod supervise;
 mod sys;
 pub mod terminate;

@@ -6,12 +6,11 @@ mod dirs;
 mod duration;
 mod exit;
 mod fleet;
+mod job_events;
 mod output;
 mod requeue;
 mod secret;
 mod size;
-mod slurm;
-mod slurm_job;
 mod storage_wait;
 
 use std::process::ExitCode;

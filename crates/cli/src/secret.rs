@@ -4,6 +4,9 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use anyhow::Context;
+use hangwatch_rpc::{JobSecret, JobToken};
+
 use crate::exit::usage;
 
 /// The text of `path`, trimmed, or a usage error that says what is wrong and how to fix it. `what` names the
@@ -25,6 +28,15 @@ pub fn read_private_file(path: &Path, what: &str) -> anyhow::Result<String> {
         .map_err(unreadable)?
         .trim()
         .to_string())
+}
+
+/// Reads the token, refusing a file that its group or others may read (or write), and derives the job's link key
+/// from it and `job_id`.
+pub fn read_job_secret(path: &Path, job_id: &str) -> anyhow::Result<JobSecret> {
+    let text = read_private_file(path, "token file")?;
+    let token =
+        JobToken::new(&text).map_err(|e| usage(format!("token file {}: {e}", path.display())))?;
+    JobSecret::new(token, job_id).context("cannot set up the link's key")
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! it knows who is unreachable, orders a roll call from every agent in parallel under a deadline and merges the
 //! answers into one verdict, and runs the job's policy over it (`supervise`). State lives in memory only.
 
+pub mod hosted;
 pub mod membership;
 pub mod policy;
 pub mod requests;

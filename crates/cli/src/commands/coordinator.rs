@@ -1,24 +1,22 @@
 //! `hangwatch coordinator`: serves one multi-node job's agents (docs/coordinator-protocol.md) and runs the job's
-//! policy over them, until every node has left (or SIGINT/SIGTERM). Also the coordinator an agent hosts
-//! (`run --host-coordinator`). Refuses a token file that others can read.
+//! policy over them, until every node has left (or SIGINT/SIGTERM). Refuses a token file that others can read.
+//! Serving is `hangwatch_coordinator::hosted`'s; what its events say to people is `crate::job_events`'.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use hangwatch_agent::human::say;
-use hangwatch_agent::render::{rank_ranges, verdict_text};
-use hangwatch_coordinator::{Config, Coordinator, JobEnding, JobEvent, SuperviseOptions};
-use hangwatch_diagnosis::OnHang;
-use hangwatch_metrics::{CoordinatorMetrics, Exposition, NodeSeen, NodeState};
-use hangwatch_rpc::{JobSecret, JobToken};
-use tokio::sync::mpsc;
+use hangwatch_coordinator::hosted::Serving;
+use hangwatch_coordinator::{Config, Coordinator, JobEnding, SuperviseOptions};
+use hangwatch_metrics::CoordinatorMetrics;
 
 use crate::duration::parse_nonzero_duration;
 use crate::exit::usage;
+use crate::job_events::{self, JobAlerts};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -61,19 +59,11 @@ pub struct Args {
     metrics: Option<SocketAddr>,
 }
 
-/// Reads the token, refusing a file that its group or others may read (or write), and derives the job's link key
-/// from it and `job_id`.
-pub fn read_job_secret(path: &Path, job_id: &str) -> anyhow::Result<JobSecret> {
-    let text = crate::secret::read_private_file(path, "token file")?;
-    let token =
-        JobToken::new(&text).map_err(|e| usage(format!("token file {}: {e}", path.display())))?;
-    JobSecret::new(token, job_id).context("cannot set up the link's key")
-}
-
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // The agents' own rule (`run`): --job-id, else the Slurm job's id, else `job`.
-    let job_id = crate::slurm::job_id_or_default(args.job_id.as_deref(), |k| std::env::var(k).ok());
-    let secret = read_job_secret(&args.token_file, &job_id)?;
+    let job_id =
+        hangwatch_slurm::step::job_id_or_default(args.job_id.as_deref(), |k| std::env::var(k).ok());
+    let secret = crate::secret::read_job_secret(&args.token_file, &job_id)?;
     let alerter = std::sync::Arc::new(args.alerts.alerter()?);
     // Held open (and locked) while the coordinator runs.
     let report =
@@ -82,7 +72,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let alerts = JobAlerts {
         alerter: std::sync::Arc::clone(&alerter),
         job: Some(job_id.clone()),
-        evidence: format!("{}:{}", this_host(), report_dir.display()),
+        evidence: format!("{}:{}", job_events::this_host(), report_dir.display()),
     };
     let metrics = Arc::new(CoordinatorMetrics::new(Some(&job_id)));
     let (sent, failed, not_sent) = (
@@ -126,30 +116,27 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.token_file.display(),
             secret.key().id()
         ));
-        let serving = Serving::start(
-            Coordinator::new(config),
-            listener,
-            Some(report_dir.clone()),
-            alerts,
-            Arc::clone(&metrics),
-        );
+        let (keep, said) = (Some(report_dir.clone()), Arc::clone(&metrics));
+        let serving = Serving::start(Coordinator::new(config), listener, move |events| {
+            job_events::say_events(events, job_events::WHO, keep, alerts, said)
+        });
         let _metrics_server = match args.metrics {
             Some(addr) => Some(crate::commands::metrics::serve(
                 "hangwatch coordinator",
                 addr,
-                serving.exposition(args.nnodes),
+                job_events::exposition(serving.coordinator(), &metrics, args.nnodes),
             )?),
             None => None,
         };
         let ending = tokio::select! {
-            ending = serving.coordinator.supervise(options, serving.events.clone()) => Some(ending),
+            ending = serving.coordinator().supervise(options, serving.events()) => Some(ending),
             _ = interrupt.recv() => None,
             _ = term.recv() => None,
         };
         if ending.is_none() {
             tracing::info!("coordinator stopping on a signal");
         }
-        serving.stop().await;
+        job_events::say_server_error(serving.stop().await);
         say(match &ending {
             Some(_) => "hangwatch coordinator: every node has left; stopped",
             None => "hangwatch coordinator: stopped",
@@ -181,394 +168,5 @@ fn print_ending(ending: &JobEnding) -> anyhow::Result<()> {
             version: 1,
             hang: false,
         }),
-    }
-}
-
-/// Says every event of the coordinator, each line starting with `who`, and keeps each verdict in `keep` (when
-/// given) through the abandonable writer: the coordinator never blocks on a directory.
-async fn print_events(
-    mut events: mpsc::Receiver<JobEvent>,
-    who: &'static str,
-    keep: Option<PathBuf>,
-    alerts: JobAlerts,
-    metrics: Arc<CoordinatorMetrics>,
-) {
-    let program = hangwatch_child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
-    let mut last_verdict = None;
-    while let Some(event) = events.recv().await {
-        say(format!("{who}: {}", describe(&event)));
-        alerts.on_event(&event, &mut last_verdict);
-        match &event {
-            JobEvent::RollCallOrdered { .. } => metrics.roll_call(),
-            JobEvent::Verdict { verdict, .. } => metrics.verdict(verdict.kind),
-            _ => {}
-        }
-        if let (JobEvent::Verdict { verdict, .. }, Some(dir)) = (&event, &keep) {
-            let files = hangwatch_agent::evidence::verdict_files(verdict);
-            let (program, dir) = (program.clone(), dir.clone());
-            let written = tokio::task::spawn_blocking(move || {
-                hangwatch_agent::evidence::write_abandonable(
-                    &program,
-                    &dir,
-                    &files,
-                    Duration::from_secs(5),
-                )
-                .map(|()| dir)
-            })
-            .await;
-            match written {
-                Ok(Ok(dir)) => {
-                    say(format!("{who}: verdict kept in {}", dir.display()));
-                }
-                Ok(Err(e)) => {
-                    say(format!(
-                        "{who}: warning: the verdict could not be kept: {e}"
-                    ));
-                }
-                Err(e) => tracing::warn!(error = %e, "the verdict writer failed"),
-            }
-        }
-    }
-}
-
-/// The job's alerts, sent by the coordinator (one per job, not one per node): suspected with each verdict, acted
-/// when it orders the job ended.
-pub struct JobAlerts {
-    pub alerter: std::sync::Arc<hangwatch_alert::Alerter>,
-    pub job: Option<String>,
-    /// Where the verdict is kept: `HOST:DIR`.
-    pub evidence: String,
-}
-
-impl JobAlerts {
-    fn on_event(&self, event: &JobEvent, last_verdict: &mut Option<hangwatch_model::Verdict>) {
-        use hangwatch_alert::{Alert, Stage};
-        let alert = match event {
-            JobEvent::Verdict { verdict, .. } => {
-                *last_verdict = Some(verdict.without_ranks());
-                // Ranks that compute are no hang: the policy says once that it holds back (Computing).
-                if verdict.activity.is_some() {
-                    return;
-                }
-                Alert::new(Stage::Suspected, verdict, hangwatch_model::unix_now())
-            }
-            JobEvent::Computing { verdict, .. } => {
-                Alert::new(Stage::Computing, verdict, hangwatch_model::unix_now())
-            }
-            JobEvent::Terminating { nodes } => {
-                let Some(mut verdict) = last_verdict.clone() else {
-                    return;
-                };
-                verdict.actions.push(hangwatch_model::ActionRecord {
-                    action: "terminate".into(),
-                    ranks: Vec::new(),
-                    ok: true,
-                    detail: Some(format!(
-                        "ordered every node to end its ranks ({})",
-                        nodes.join(", ")
-                    )),
-                    outcomes: Vec::new(),
-                });
-                Alert::new(Stage::Acted, &verdict, hangwatch_model::unix_now())
-            }
-            _ => return,
-        };
-        let mut alert = alert;
-        alert.job = self.job.clone();
-        alert.node = Some(this_host());
-        alert.evidence = Some(self.evidence.clone());
-        self.alerter.send(&alert);
-    }
-}
-
-/// This machine's name, for alerts.
-fn this_host() -> String {
-    nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "coordinator".into())
-}
-
-/// One event in words.
-pub fn describe(event: &JobEvent) -> String {
-    match event {
-        JobEvent::Joined {
-            node,
-            node_rank,
-            ranks,
-        } => format!(
-            "node {node} joined (node rank {node_rank}{})",
-            if ranks.is_empty() {
-                String::new()
-            } else {
-                format!(", ranks {}", rank_ranges(ranks))
-            }
-        ),
-        JobEvent::Left { node, exit_code } => match exit_code {
-            Some(code) => format!("node {node} left (its agent exits {code})"),
-            None => format!("node {node} left"),
-        },
-        JobEvent::Unreachable { nodes, silence } => format!(
-            "node_unreachable: {} sent nothing for {:.0}s (agent killed, node down, or link cut); its ranks are not a hang by themselves",
-            nodes.join(", "),
-            silence.as_secs_f64()
-        ),
-        JobEvent::Reachable { nodes } => format!("{} heard from again", nodes.join(", ")),
-        JobEvent::ProgressResumed => "progress resumed".into(),
-        JobEvent::RollCallOrdered {
-            trigger,
-            stalled_for,
-            nodes,
-        } => format!(
-            "no progress for {:.1}s ({}): roll call of {nodes} node(s)",
-            stalled_for.as_secs_f64(),
-            trigger.describe()
-        ),
-        JobEvent::Verdict {
-            verdict,
-            not_answered,
-            took,
-            ..
-        } => {
-            let mut text = format!(
-                "verdict in {:.2}s{}:\n{}",
-                took.as_secs_f64(),
-                if not_answered.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (no answer from {})", not_answered.join(", "))
-                },
-                verdict_text(verdict)
-            );
-            while text.ends_with('\n') {
-                text.pop();
-            }
-            text
-        }
-        JobEvent::Terminating { nodes } => format!(
-            "ending the job: ordered every node to end its ranks ({})",
-            nodes.join(", ")
-        ),
-        JobEvent::Computing {
-            stalled_for,
-            verdict,
-            max_stall,
-        } => hangwatch_agent::render::computing_text(
-            *stalled_for,
-            verdict.activity.as_ref(),
-            *max_stall,
-        ),
-        JobEvent::WorkStopped => hangwatch_agent::render::WORK_STOPPED_TEXT.into(),
-        JobEvent::MaxStallPassed { stalled_for } => {
-            hangwatch_agent::render::max_stall_text(*stalled_for)
-        }
-    }
-}
-
-/// A coordinator hosted by an agent (`run --host-coordinator` on node rank 0), on its own threads.
-pub struct HostedCoordinator {
-    serving: Serving,
-    /// The job's policy, running until this node's agent is done.
-    policy: tokio::task::JoinHandle<JobEnding>,
-    runtime: tokio::runtime::Runtime,
-    expected_nodes: Option<usize>,
-}
-
-/// The hosted coordinator could not start.
-#[derive(Debug)]
-pub enum HostError {
-    /// Another process holds the port: the job runs without a coordinator.
-    PortTaken(String),
-    Other(anyhow::Error),
-}
-
-impl From<anyhow::Error> for HostError {
-    fn from(e: anyhow::Error) -> Self {
-        Self::Other(e)
-    }
-}
-
-impl HostedCoordinator {
-    /// Binds `listen` now (so that a taken port is known before the job starts) and serves in the background.
-    pub fn start(
-        listen: SocketAddr,
-        config: Config,
-        on_hang: OnHang,
-        activity: hangwatch_diagnosis::ActivityRule,
-        alerts: JobAlerts,
-    ) -> Result<Self, HostError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("hw-coordinator")
-            .enable_all()
-            .build()
-            .context("cannot start the hosted coordinator's runtime")?;
-        let std_listener = std::net::TcpListener::bind(listen).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AddrInUse {
-                HostError::PortTaken(format!(
-                    "port {} is taken by another program ({e})",
-                    listen.port()
-                ))
-            } else {
-                HostError::Other(usage(format!(
-                    "cannot host the coordinator on {listen}: {e}"
-                )))
-            }
-        })?;
-        std_listener
-            .set_nonblocking(true)
-            .context("cannot set up the coordinator's socket")?;
-        let expected_nodes = config.expected_nodes;
-        let serving = {
-            let _guard = runtime.enter();
-            let listener = tokio::net::TcpListener::from_std(std_listener)
-                .context("cannot set up the coordinator's socket")?;
-            // The hosting agent's evidence holds the job's verdict already: none is kept apart.
-            let metrics = Arc::new(CoordinatorMetrics::new(Some(config.secret.job_id())));
-            Serving::start(Coordinator::new(config), listener, None, alerts, metrics)
-        };
-        let (coordinator, events) = (serving.coordinator.clone(), serving.events.clone());
-        let policy = runtime.spawn(async move {
-            coordinator
-                .supervise(
-                    SuperviseOptions {
-                        on_hang,
-                        activity,
-                        ..SuperviseOptions::default()
-                    },
-                    events,
-                )
-                .await
-        });
-        say(format!(
-            "hangwatch coordinator: hosted by this agent, listening on {listen}"
-        ));
-        Ok(Self {
-            serving,
-            policy,
-            runtime,
-            expected_nodes,
-        })
-    }
-
-    /// The coordinator's metrics, brought up to date at each scrape (served with the agent's by `run --metrics`).
-    pub fn metrics(&self) -> Arc<dyn Exposition> {
-        self.serving.exposition(self.expected_nodes)
-    }
-
-    /// This node's job is over: keep serving (at most `wait`) until every other node has left or gone silent, so
-    /// that the last orders reach them, then stop.
-    pub fn finish(self, wait: Duration) {
-        let until = Instant::now() + wait;
-        while Instant::now() < until {
-            let view = self.serving.coordinator.view();
-            let members = self.serving.coordinator.members();
-            let settled = view.all_left
-                || members
-                    .iter()
-                    .all(|m| m.left.is_some() || view.unreachable.contains(&m.node));
-            if settled {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        self.policy.abort();
-        let runtime = self.runtime;
-        runtime.block_on(self.serving.stop());
-        runtime.shutdown_timeout(Duration::from_secs(1));
-    }
-}
-
-/// A coordinator serving agents on its listener, its events said (and each verdict kept in `keep`, when given),
-/// until [`Serving::stop`]; the caller runs its policy (`supervise`) with `events`.
-struct Serving {
-    coordinator: Coordinator,
-    events: mpsc::Sender<JobEvent>,
-    stop: tokio::sync::oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<Result<(), hangwatch_coordinator::ServeError>>,
-    printer: tokio::task::JoinHandle<()>,
-    metrics: Arc<CoordinatorMetrics>,
-}
-
-impl Serving {
-    /// Starts serving on the current tokio runtime.
-    fn start(
-        coordinator: Coordinator,
-        listener: tokio::net::TcpListener,
-        keep: Option<PathBuf>,
-        alerts: JobAlerts,
-        metrics: Arc<CoordinatorMetrics>,
-    ) -> Self {
-        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(coordinator.clone().serve(listener, async move {
-            let _ = stop_rx.await;
-        }));
-        let (events, events_rx) = mpsc::channel(hangwatch_coordinator::JOB_EVENT_QUEUE);
-        let printer = tokio::spawn(print_events(
-            events_rx,
-            "hangwatch coordinator",
-            keep,
-            alerts,
-            Arc::clone(&metrics),
-        ));
-        Self {
-            coordinator,
-            events,
-            stop,
-            server,
-            printer,
-            metrics,
-        }
-    }
-
-    /// The metrics, with the membership read at each scrape (the counters are fed from the events).
-    fn exposition(&self, expected_nodes: Option<usize>) -> Arc<dyn Exposition> {
-        let coordinator = self.coordinator.clone();
-        let metrics = Arc::clone(&self.metrics);
-        Arc::new(move || {
-            let unreachable = coordinator.unreachable_nodes();
-            let members = coordinator.members();
-            metrics.set_nodes(
-                expected_nodes,
-                members.iter().map(|m| NodeSeen {
-                    node: &m.node,
-                    state: if m.left.is_some() {
-                        NodeState::Left
-                    } else if unreachable.contains(&m.node) {
-                        NodeState::Unreachable
-                    } else {
-                        NodeState::Joined
-                    },
-                    silent_for: m.last_heard.elapsed(),
-                }),
-            );
-            metrics.encode()
-        })
-    }
-
-    /// Stops serving (the server has 3 s to let the agents' streams go) and says what the events still had to say.
-    async fn stop(self) {
-        let Self {
-            events,
-            stop,
-            server,
-            printer,
-            ..
-        } = self;
-        let _ = stop.send(());
-        match tokio::time::timeout(Duration::from_secs(3), server).await {
-            Ok(Ok(Err(e))) => {
-                say(format!(
-                    "hangwatch coordinator: error: {}",
-                    hangwatch_model::error_chain(&e)
-                ));
-            }
-            Ok(_) => {}
-            Err(_) => tracing::warn!("the gRPC server did not stop within 3s"),
-        }
-        // The printer ends once every sender is gone (the policy's too, once it has returned or been aborted),
-        // after keeping the last verdict (the writer's own deadline is 5 s).
-        drop(events);
-        let _ = tokio::time::timeout(Duration::from_secs(6), printer).await;
     }
 }

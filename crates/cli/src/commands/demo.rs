@@ -19,8 +19,9 @@ use hangwatch_model::VerdictKind;
 use crate::duration::{parse_duration, parse_nonzero_duration};
 use crate::exit::usage;
 
-/// The rank stand-in the demo runs (the same script the system tests use).
-const RANK_SCRIPT: &str = include_str!("../../../../tests/python/rank.py");
+/// The demo job's rank: compute, rank 0 logs, a barrier (written for a reader: it is what a user of the demo
+/// sees; the system tests' richer stand-in is tests/python/rank.py).
+const RANK_SCRIPT: &str = include_str!("demo_rank.py");
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -184,27 +185,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         })
     };
+    let launch = LaunchSpec {
+        command: vec![
+            python.into(),
+            script.clone().into(),
+            "--step-time".into(),
+            "0.2".into(),
+            "--log".into(),
+            log.clone().into(),
+        ],
+        nproc: Some(args.nproc),
+        socket: None,
+        beats: None,
+        nnodes: 1,
+        node_rank: 0,
+        master_addr: "127.0.0.1".into(),
+        master_port: None,
+        env: Vec::new(),
+    };
     let config = RunConfig {
-        launch: LaunchSpec {
-            command: vec![
-                python.into(),
-                script.clone().into(),
-                "--step-time".into(),
-                "0.2".into(),
-                "--log".into(),
-                log.clone().into(),
-                "--only-rank".into(),
-                "0".into(),
-            ],
-            nproc: Some(args.nproc),
-            socket: None,
-            beats: None,
-            nnodes: 1,
-            node_rank: 0,
-            master_addr: "127.0.0.1".into(),
-            master_port: None,
-            env: Vec::new(),
-        },
         detector: DetectorConfig {
             fixed: Some(args.stall_after),
             ..DetectorConfig::default()
@@ -212,24 +211,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         on_hang: OnHang::Abort,
         grace: Duration::from_secs(2),
         kill_wait: Duration::from_secs(2),
-        report_dir: report_dir.clone(),
         console: Some(true),
         prefix: true,
-        sink: None,
         tick: Duration::from_millis(100),
         window: Duration::from_millis(300),
-        stack_timeout: Duration::from_secs(1),
-        probe_timeout: Duration::from_secs(2),
         node: hangwatch_inspect::rollcall::hostname(),
-        job_id: None,
-        alerter: std::sync::Arc::new(hangwatch_alert::Alerter::none()),
         // The demo's staged hang is not this machine's history.
         history_db: None,
-        history_fleet: None,
         failed_rank_grace: Duration::from_secs(10),
-        coordinator: None,
-        fs_stall: Duration::from_secs(15),
-        metrics: None,
+        ..RunConfig::new(launch, report_dir.clone())
     };
     let started = Instant::now();
     let outcome = supervise(config)?;

@@ -9,12 +9,13 @@ use std::time::Duration;
 use hangwatch_agent::human::say;
 use hangwatch_agent::launch::{check_program, LaunchSpec};
 use hangwatch_agent::supervise::{run as supervise, OnHang, RunConfig, EXIT_HUNG};
+use hangwatch_coordinator::hosted::HostError;
 use hangwatch_diagnosis::DetectorConfig;
 use hangwatch_metrics::{textfile_name, AgentMetrics};
 
 use crate::duration::{parse_duration, parse_nonzero_duration};
 use crate::exit::usage;
-use crate::slurm::{self, Placement};
+use hangwatch_slurm::step::{self as slurm, Placement};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Action {
@@ -204,7 +205,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let node_name = args.node_name.clone().or_else(|| slurm::node_name(env));
     // A requeued attempt learns what happened to the one before, from the job itself.
     let slurm_job = (args.action == Action::Requeue)
-        .then(|| crate::requeue::SlurmJob::from_env(env))
+        .then(|| hangwatch_slurm::requeue::SlurmJob::from_env(env))
         .flatten();
     if args.action == Action::Requeue && slurm_job.is_none() {
         say("hangwatch: --action requeue outside a Slurm job: a hang is ended as with --action abort (exit 75)");
@@ -287,18 +288,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             move |r| not_sent.alert_not_sent(r),
         );
     }
+    let launch = LaunchSpec {
+        command: args.command.clone(),
+        nproc: args.nproc,
+        socket: None,
+        beats: None,
+        nnodes,
+        node_rank,
+        master_addr,
+        master_port,
+        env: restart_env,
+    };
     let mut config = RunConfig {
-        launch: LaunchSpec {
-            command: args.command.clone(),
-            nproc: args.nproc,
-            socket: None,
-            beats: None,
-            nnodes,
-            node_rank,
-            master_addr,
-            master_port,
-            env: restart_env,
-        },
         detector: DetectorConfig {
             fixed: args.stall_after,
             floor: args.min_stall,
@@ -307,18 +308,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
         on_hang: args.action.on_hang(),
         grace: args.grace,
-        kill_wait: Duration::from_secs(3),
-        report_dir: report_dir.clone(),
         console: (!args.quiet).then_some(args.json),
         prefix: !args.no_prefix && args.nproc.is_some_and(|n| n > 1),
         sink: sink.as_ref().map(|s| s.line_sink()),
-        tick: Duration::from_millis(200),
-        // Shorter than `dump`'s 300 ms: by the time `run` takes a roll call the detector has seen seconds without
-        // progress; the window only tells threads that spin from threads that sleep, and with the stack readers
-        // prepared it is most of the roll call's time.
-        window: Duration::from_millis(100),
-        stack_timeout: Duration::from_secs(1),
-        probe_timeout: Duration::from_secs(2),
         node: node_name.clone(),
         job_id: Some(job_id.clone()),
         alerter: std::sync::Arc::clone(&alerter),
@@ -332,16 +324,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         coordinator: coordination.as_ref().map(|c| c.link.clone()),
         fs_stall: args.fs_stall,
         metrics: agent_metrics.clone(),
+        ..RunConfig::new(launch, report_dir.clone())
     };
     let activity = hangwatch_agent::supervise::activity_rule(&config.detector);
     let hosted = match coordination.as_ref().and_then(|c| c.host.as_ref()) {
         Some((listen, hosted_config)) => {
-            match crate::commands::coordinator::HostedCoordinator::start(
+            match crate::job_events::Hosted::start(
                 *listen,
                 hosted_config.clone(),
-                args.action.on_hang(),
-                activity,
-                crate::commands::coordinator::JobAlerts {
+                hangwatch_coordinator::SuperviseOptions {
+                    on_hang: args.action.on_hang(),
+                    activity,
+                    ..hangwatch_coordinator::SuperviseOptions::default()
+                },
+                crate::job_events::JobAlerts {
                     alerter: std::sync::Arc::clone(&alerter),
                     job: Some(job_id.clone()),
                     evidence: format!(
@@ -352,7 +348,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 },
             ) {
                 Ok(hosted) => Some(hosted),
-                Err(crate::commands::coordinator::HostError::PortTaken(why)) => {
+                Err(why @ HostError::PortTaken { .. }) => {
                     // Someone else holds the port (it is derived from the job id): the job still runs, each node
                     // deciding alone; the other nodes refuse whatever listens there, as it cannot prove the job's key.
                     say(format!(
@@ -362,7 +358,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     config.coordinator = None;
                     None
                 }
-                Err(crate::commands::coordinator::HostError::Other(e)) => return Err(e),
+                Err(e @ HostError::Listen { .. }) => return Err(usage(e.to_string())),
+                Err(e) => return Err(e.into()),
             }
         }
         None => None,
@@ -605,7 +602,7 @@ fn coordination(
             "the coordinator needs the job's token: give --token-file FILE (the same secret on every node, chmod 600; e.g. `openssl rand -hex 32 > FILE`)",
         ));
     };
-    let secret = crate::commands::coordinator::read_job_secret(token_file, job_id)?;
+    let secret = crate::secret::read_job_secret(token_file, job_id)?;
     let node = node_name
         .map(str::to_string)
         .ok_or_else(|| usage("cannot tell this node's name (no hostname): give --node-name"))?;

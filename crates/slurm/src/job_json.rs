@@ -251,7 +251,7 @@ impl SlurmJobJson {
 
     /// The nodes this job was submitted without.
     pub fn excluded(&self) -> Vec<String> {
-        crate::slurm::expand_hosts(&self.job.excluded_nodes)
+        crate::step::expand_hosts(&self.job.excluded_nodes)
     }
 
     /// Whether this Slurm's JSON has no mail settings (22.05 prints neither `mail_type` nor `mail_user`): they
@@ -312,7 +312,7 @@ impl SlurmJobJson {
         let mail: Vec<String> = j.mail_type.as_ref().map(Words::words).unwrap_or_default();
         let mail: Vec<String> = mail.into_iter().filter(|m| m != "NONE").collect();
         text("--mail-type", &mail.join(","));
-        let required: Vec<String> = crate::slurm::expand_hosts(&j.required_nodes)
+        let required: Vec<String> = crate::step::expand_hosts(&j.required_nodes)
             .into_iter()
             .filter(|n| !excluded.contains(n))
             .collect();
