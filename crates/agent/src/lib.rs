@@ -3,6 +3,7 @@
 
 pub mod beats;
 pub mod death;
+pub mod events;
 pub mod evidence;
 pub mod heartbeat;
 pub mod history;

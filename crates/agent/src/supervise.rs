@@ -26,12 +26,14 @@ use hangwatch_model::{
 use hangwatch_proc::ProcFs;
 use nix::sys::signal::Signal;
 
+use crate::events::{ClientRank, LinkEvent};
+pub use crate::events::{Event, Investigation, EVENT_CAPACITY};
 use crate::evidence::{verdict_files, write_abandonable, Evidence, RunRecord, ThresholdsRecord};
-use crate::heartbeat::{ClientRank, HeartbeatContext, PhaseMessage};
+use crate::heartbeat::HeartbeatContext;
 use crate::human::say;
 use crate::kernel_log::KernelLog;
 use crate::launch::{launch, LaunchSpec, Launched};
-use crate::link::{Answers, Link, LinkConfig, LinkEvent};
+use crate::link::{Answers, Link, LinkConfig};
 use crate::members::JobMembers;
 use crate::output::{drain, Console, DrainContext, LineSink, Stream, Tails};
 use crate::policy::{Action, Ending, Input, Notice, Policy, PolicyConfig, Trigger};
@@ -119,41 +121,6 @@ pub struct RunOutcome {
     pub interrupted_by: Option<i32>,
     /// The furthest step any rank reported (`hangwatch.beat(step)`), for `--action requeue`'s restart budget.
     pub last_step: Option<u64>,
-}
-
-/// One thing that happened. Progress (beats, output) is not an event: it waits on the [`ProgressBoard`], which the
-/// loop reads at each tick, so a flood of it never fills the channel.
-#[derive(Debug)]
-pub enum Event {
-    Phase(PhaseMessage),
-    Signal(i32),
-    /// The roll call worker finished (the evidence is written or given up on, the alert is on its way).
-    Investigated(Box<Investigation>),
-    /// The termination worker finished.
-    Terminated(TerminationReport),
-    /// A look for ranks below the launcher finished (tree mode).
-    Discovered(Discovery),
-    /// A process of the job said which rank it is (its client, once `torch.distributed` is initialized).
-    ClientRank(ClientRank),
-    /// The coordinator link: joined, lost, an order.
-    Link(LinkEvent),
-    /// This node's observations for a roll call the coordinator ordered (answered already; kept for the
-    /// evidence).
-    Observed(Box<NodeObservations>),
-}
-
-/// The event channel's capacity: phases, signals and worker results are rare; a full channel drops phases
-/// (counted by the heartbeat receiver).
-pub const EVENT_CAPACITY: usize = 1024;
-
-/// What a roll call worker brings back.
-#[derive(Debug)]
-pub struct Investigation {
-    pub trigger: Trigger,
-    pub verdict: Verdict,
-    /// Where the evidence went, or why it could not be written; `None` when none was kept (a recheck that found
-    /// the ranks still computing).
-    pub evidence: Option<Result<PathBuf, String>>,
 }
 
 /// Errors that stop `run` before or outside the job.
