@@ -38,7 +38,10 @@ use crate::output::{drain, Console, DrainContext, LineSink, Stream, Tails};
 use crate::policy::{Action, Ending, Input, Notice, Policy, PolicyConfig, Trigger};
 use crate::progress::ProgressBoard;
 use crate::reaper::{JobGroup, Reaper};
-use crate::terminate::{terminate, termination_actions, JobProcess, Remains, TerminationReport};
+use crate::terminate::{
+    cannot_act_on_term, spawn_termination, stuck_pids, termination_actions, JobProcess,
+    TerminationReport,
+};
 use hangwatch_alert::{Alert, Alerter, Stage};
 pub use hangwatch_diagnosis::{is_conclusive, OnHang};
 use hangwatch_model::StallTier;
@@ -1009,36 +1012,9 @@ impl Supervisor {
             .count()
     }
 
-    /// Processes the last verdict found blocked in the kernel: a culprit in D, or waiting on a filesystem that did
-    /// not answer its probe. They cannot act on SIGTERM until their call returns.
-    fn stuck_pids(&self) -> Vec<i32> {
-        let Some(verdict) = &self.last_verdict else {
-            return Vec::new();
-        };
-        let unresponsive = |mount: &Option<String>| {
-            mount.as_ref().is_some_and(|m| {
-                verdict
-                    .filesystems
-                    .iter()
-                    .any(|f| &f.mount == m && f.responsive == Some(false))
-            })
-        };
-        // A job-wide verdict names processes of every node: pids are this node's only where the node is.
-        let here = |node: &Option<String>| {
-            node.is_none() || self.config.node.is_none() || *node == self.config.node
-        };
-        verdict
-            .culprits
-            .iter()
-            .filter(|c| here(&c.node))
-            .filter(|c| c.state == "D" || unresponsive(&c.mount))
-            .map(|c| c.pid)
-            .collect()
-    }
-
     /// Whether every live process of the job cannot act on a signal (see [`cannot_act_on_term`]).
     fn only_stuck_left(&mut self) -> bool {
-        let stuck = self.stuck_pids();
+        let stuck = stuck_pids(self.last_verdict.as_ref(), self.config.node.as_deref());
         if stuck.is_empty() {
             return false;
         }
@@ -1668,25 +1644,22 @@ impl Supervisor {
 
     /// Starts the termination worker: TERM, grace, KILL (or KILL at once), then the unkillable are reported.
     fn start_termination(&mut self, kill_now: bool) {
-        let mut procs = self.procs.clone();
         let grace = if kill_now {
             Duration::ZERO
         } else {
             self.config.grace
         };
-        let kill_wait = self.config.kill_wait;
-        let stuck = self.stuck_pids();
+        let stuck = stuck_pids(self.last_verdict.as_ref(), self.config.node.as_deref());
         let events = self.events.clone();
-        let spawned = std::thread::Builder::new()
-            .name("hw-terminate".into())
-            .spawn(move || {
-                let procfs = ProcFs::new("/proc");
-                let cannot_act = |pid: i32| cannot_act_on_term(&procfs, &stuck, pid);
-                let report = terminate(&mut procs, grace, kill_wait, &cannot_act, |pid| {
-                    remains(&procfs, pid)
-                });
+        let spawned = spawn_termination(
+            self.procs.clone(),
+            grace,
+            self.config.kill_wait,
+            stuck,
+            move |report| {
                 let _ = events.send(Event::Terminated(report));
-            });
+            },
+        );
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the termination; killing the job from the loop");
             for p in &self.procs {
@@ -1804,46 +1777,9 @@ impl Supervisor {
     }
 }
 
-/// Whether `pid` cannot act on SIGTERM: the verdict found it blocked in the kernel (`stuck`), or it is a launcher
-/// (torchrun) whose only live descendants are such processes — it waits for them and would hold the grace for
-/// nothing. Zombies do not count: a rank in D cannot reap its exited DataLoader workers.
-fn cannot_act_on_term(procfs: &ProcFs, stuck: &[i32], pid: i32) -> bool {
-    if stuck.is_empty() {
-        return false;
-    }
-    if stuck.contains(&pid) {
-        return true;
-    }
-    let live: Vec<i32> = procfs
-        .descendants(pid)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|d| procfs.stat(*d).is_ok_and(|s| s.state != 'Z'))
-        .collect();
-    !live.is_empty() && live.iter().all(|d| stuck.contains(d))
-}
-
 /// Seconds since the epoch of a past `Instant`.
 fn unix_time_of(at: Instant) -> f64 {
     unix_now() - at.elapsed().as_secs_f64()
-}
-
-/// What /proc shows of a process that SIGKILL did not end (safe reads: stat of each task).
-fn remains(procfs: &ProcFs, pid: i32) -> Remains {
-    Remains {
-        state: procfs.stat(pid).ok().map(|s| s.state),
-        threads: procfs
-            .list_threads(pid)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|tid| {
-                procfs
-                    .task_stat(pid, tid)
-                    .ok()
-                    .map(|s| (tid, s.comm, s.state))
-            })
-            .collect(),
-    }
 }
 
 #[cfg(test)]
