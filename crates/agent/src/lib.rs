@@ -19,6 +19,7 @@ pub mod policy;
 pub mod progress;
 pub mod reaper;
 pub mod render;
+mod sampler;
 pub mod supervise;
 mod sys;
 pub mod terminate;

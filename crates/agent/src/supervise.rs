@@ -5,26 +5,22 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::process::{Child, ExitStatus};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hangwatch_diagnosis::ranks::RankClaim;
 use hangwatch_diagnosis::{
-    fast_path_due, thread_blocked, ActivityRule, Blocked, Detector, DetectorConfig, FsStallTracker,
-    ProgressSource, RankSample, Threshold,
+    fast_path_due, ActivityRule, Detector, DetectorConfig, ProgressSource, Threshold,
 };
 use hangwatch_inspect::prepared::PreparedStacks;
 use hangwatch_inspect::probe::Prober;
 use hangwatch_inspect::pystack::StackReadOptions;
-use hangwatch_inspect::ranks::{ClientReports, Discovery, RankFinder};
 use hangwatch_inspect::rollcall::{KnownProcess, RollCallOptions};
-use hangwatch_model::{unix_now, NodeObservations, ProcId, RankSource, Verdict};
+use hangwatch_model::{unix_now, NodeObservations, RankSource, Verdict};
 use hangwatch_proc::ProcFs;
 use nix::sys::signal::Signal;
 
-use crate::events::{ClientRank, LinkEvent};
+use crate::events::LinkEvent;
 pub use crate::events::{Event, Investigation, EVENT_CAPACITY};
 use crate::evidence::{verdict_files, write_abandonable, RunRecord, ThresholdsRecord};
 use crate::heartbeat::HeartbeatContext;
@@ -37,29 +33,16 @@ use crate::members::JobMembers;
 use crate::output::{drain, Console, DrainContext, LineSink, Stream, Tails};
 use crate::policy::{Action, Ending, Input, Notice, Policy, PolicyConfig, Trigger};
 use crate::progress::ProgressBoard;
-use crate::reaper::{JobGroup, Reaper};
-use crate::terminate::{
-    cannot_act_on_term, spawn_termination, stuck_pids, termination_actions, JobProcess,
-    TerminationReport,
-};
+use crate::reaper::Reaper;
+pub use crate::sampler::shell_code;
+use crate::sampler::{unix_time_of, wait_in_background, JobProc, Sampler, SamplerParts};
+use crate::terminate::{spawn_termination, stuck_pids, termination_actions, TerminationReport};
 use hangwatch_alert::{Alert, Alerter, Stage};
 pub use hangwatch_diagnosis::{is_conclusive, OnHang};
 use hangwatch_model::StallTier;
 
 /// Exit code when hangwatch ended a hung job (EX_TEMPFAIL: retryable).
 pub use hangwatch_model::exit::EXIT_HUNG;
-
-/// A new set of ranks is given to the stack readers once it has been the same for this long: the interpreters
-/// are up by then.
-const PREPARE_STACKS_AFTER: Duration = Duration::from_secs(3);
-
-/// How often the identities of the ranks hangwatch started are read again (a wrapper `exec`s the program, a rank
-/// moves itself into another cgroup): a dead rank's /proc entry is gone, so its death is explained from these.
-const IDENTITY_EVERY: Duration = Duration::from_secs(2);
-
-/// At most this many processes' own reports of their rank are kept (tree mode); only a member inventing
-/// processes could get there.
-const MAX_CLIENT_RANKS: usize = 65_536;
 
 /// Everything the loop needs.
 pub struct RunConfig {
@@ -132,105 +115,13 @@ pub enum RunError {
     Signals(#[source] std::io::Error),
 }
 
-/// A process of the job: one hangwatch started, or a rank found below the launcher.
-#[derive(Clone)]
-struct JobProc {
-    /// Filled by the thread that waits for this child: the status and the moment it exited.
-    waited: Option<ExitSlot>,
-    pid: i32,
-    pgid: i32,
-    /// Start time (clock ticks since boot): with the pid, who this process is — a reused pid is someone else.
-    start: Option<u64>,
-    rank: Option<u32>,
-    /// Where `rank` came from.
-    rank_source: Option<RankSource>,
-    exit: Option<ExitStatus>,
-    exited_at: Option<Instant>,
-    /// Found below a launcher rather than started by hangwatch.
-    discovered: bool,
-    /// Its memory cgroup, name, executable and directory, read while it lives: what explains its death.
-    identity: crate::death::RankIdentity,
-}
-
-impl JobProcess for JobProc {
-    fn pid(&self) -> i32 {
-        self.pid
-    }
-
-    fn pgid(&self) -> i32 {
-        self.pgid
-    }
-
-    fn has_exited(&mut self) -> bool {
-        if self.exit.is_some() {
-            return true;
-        }
-        match &self.waited {
-            Some(slot) => match *slot.lock().unwrap_or_else(|e| e.into_inner()) {
-                Some((status, at)) => {
-                    self.exit = Some(status);
-                    self.exited_at = Some(at);
-                    true
-                }
-                None => false,
-            },
-            None => {
-                // Not our child: gone, a zombie, or its pid now belongs to a younger process.
-                let gone = match ProcFs::new("/proc").stat(self.pid) {
-                    Ok(stat) => {
-                        stat.state == 'Z' || self.start.is_some_and(|s| s != stat.starttime)
-                    }
-                    Err(_) => true,
-                };
-                if gone {
-                    self.exited_at.get_or_insert_with(Instant::now);
-                }
-                gone
-            }
-        }
-    }
-}
-
-/// Where a waiter thread leaves a child's exit status and the moment it exited.
-type ExitSlot = Arc<Mutex<Option<(ExitStatus, Instant)>>>;
-
-/// Waits for `child` in a thread of its own, so that the order in which ranks exit is known exactly (the first
-/// to fail gives the exit code and leads the verdict), not rounded to the supervision tick.
-fn wait_in_background(mut child: Child) -> ExitSlot {
-    let slot: ExitSlot = Arc::default();
-    let theirs = Arc::clone(&slot);
-    let spawned = std::thread::Builder::new()
-        .name("hw-wait".into())
-        .spawn(move || {
-            if let Ok(status) = child.wait() {
-                *theirs.lock().unwrap_or_else(|e| e.into_inner()) = Some((status, Instant::now()));
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::error!(error = %e, "cannot start a thread to wait for a rank");
-    }
-    slot
-}
-
-/// Exit code as shells report it: the code, or 128 + signal.
-pub fn shell_code(status: &ExitStatus) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => code,
-        (None, Some(sig)) => 128 + sig,
-        _ => 1,
-    }
-}
-
 struct Supervisor {
     config: RunConfig,
-    procs: Vec<JobProc>,
-    tree_mode: bool,
+    /// The job's processes and what is read of them each tick.
+    sampler: Sampler,
     detector: Detector,
     policy: Policy,
     start: Instant,
-    procfs: ProcFs,
-    prober: Arc<Mutex<Option<Prober>>>,
     kernel_log: KernelLog,
     tails: Arc<Tails>,
     console: Option<Console>,
@@ -241,25 +132,8 @@ struct Supervisor {
     last_verdict: Option<Verdict>,
     bundle: Option<PathBuf>,
     termination: Option<TerminationReport>,
-    last_discovery: Option<Instant>,
-    last_activity_sample: Option<Instant>,
-    last_blocked_sample: Option<Instant>,
-    fs_stall: FsStallTracker,
-    last_probe_reap: Option<Instant>,
-    activity: HashMap<i32, u64>,
-    ranks: Arc<Mutex<RankFinder>>,
-    /// What the processes' clients said of their rank (tree mode), by pid and start time.
-    client_ranks: ClientReports,
-    /// A look for ranks is under way in a worker.
-    discovering: bool,
     heartbeats: Arc<crate::heartbeat::HeartbeatStats>,
-    reaper: Option<Reaper>,
-    groups: Vec<JobGroup>,
     program: PathBuf,
-    /// Stack readers kept ready, the rank pids they were last given, and a new set of pids not yet settled.
-    stack_readers: Option<PreparedStacks>,
-    stack_pids: Vec<i32>,
-    stack_candidate: Option<(Vec<i32>, Instant)>,
     /// The furthest step any rank reported.
     last_step: Option<u64>,
     link: Option<Link>,
@@ -276,8 +150,6 @@ struct Supervisor {
     ordered_verdict: Option<Verdict>,
     /// Progress over time, for the evidence's `progress.json`.
     timeline: crate::timeline::TimelineRecorder,
-    /// When the identities of the live ranks were last read (see [`IDENTITY_EVERY`]).
-    last_identity_look: Option<Instant>,
     /// Where a dead rank's story is read from: the kernel log, its output, its memory cgroup, the core pattern.
     witnesses: crate::death::Witnesses,
 }
@@ -407,16 +279,22 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         inspect_budget: inspect_budget(&config),
         activity: activity_rule(&config.detector),
     });
-    let structure_node_rank = config.coordinator.as_ref().map(|c| c.node_rank);
-    let mut sup = Supervisor {
-        config,
+    let sampler = Sampler::new(SamplerParts {
         procs,
         tree_mode,
+        prober,
+        members: Arc::clone(&members),
+        events: tx.clone(),
+        reaper,
+        stack_readers,
+        node_rank: config.coordinator.as_ref().map(|c| c.node_rank),
+    });
+    let mut sup = Supervisor {
+        config,
+        sampler,
         detector,
         policy,
         start,
-        procfs,
-        prober: Arc::new(Mutex::new(prober)),
         kernel_log,
         tails,
         console,
@@ -426,24 +304,9 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         last_verdict: None,
         bundle: None,
         termination: None,
-        last_discovery: None,
-        last_activity_sample: None,
-        last_blocked_sample: None,
-        fs_stall: FsStallTracker::new(),
-        last_probe_reap: None,
-        activity: HashMap::new(),
-        // With a coordinator, ranks numbered by the structure alone are made global with this node's rank.
-        ranks: Arc::new(Mutex::new(RankFinder::on_node(structure_node_rank))),
-        client_ranks: ClientReports::new(),
-        discovering: false,
         heartbeats: Arc::clone(&socket.stats),
-        reaper,
-        groups: Vec::new(),
         program,
-        stack_readers,
-        stack_pids: Vec::new(),
         last_step: None,
-        stack_candidate: None,
         link,
         beat_slots,
         last_slot_look: None,
@@ -452,23 +315,14 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         ordered_observations: None,
         ordered_verdict: None,
         timeline: crate::timeline::TimelineRecorder::new(unix_time_of(start)),
-        last_identity_look: None,
         witnesses,
     };
-    sup.track_groups();
     let outcome = sup.run_loop(&rx);
     if let Some(link) = sup.link.take() {
-        let exits = sup.rank_exits();
+        let exits = sup.sampler.rank_exits();
         link.leave(outcome.exit_code, exits);
     }
-    // Processes that outlived their rank (a worker that ignored SIGTERM, a daemon) end with the job.
-    let swept = crate::reaper::sweep(&sup.procfs, &sup.groups);
-    if !swept.is_empty() {
-        tracing::info!(count = swept.len(), pids = ?swept, "ended processes of the job that outlived their rank");
-    }
-    if let Some(reaper) = sup.reaper.take() {
-        reaper.release();
-    }
+    sup.sampler.release();
     // The last lines of a job that ended are still in its pipes: let the drain threads finish, briefly (a
     // grandchild that keeps a pipe open must not hold hangwatch).
     let linger = if outcome.exit_code == EXIT_HUNG {
@@ -685,11 +539,11 @@ impl Supervisor {
                 }
             }
             Event::Discovered(found) => {
-                self.ranks_found(found);
+                self.sampler.ranks_found(found, &mut self.detector);
                 return None;
             }
             Event::ClientRank(report) => {
-                self.client_rank(report);
+                self.sampler.client_rank(report);
                 return None;
             }
             Event::Observed(observations) => {
@@ -723,24 +577,6 @@ impl Supervisor {
             self.detector
                 .progress_batch(u.rank, u.source, u.batch(self.start));
         }
-    }
-
-    /// How each rank ended, for the coordinator's goodbye.
-    fn rank_exits(&mut self) -> Vec<hangwatch_rpc::pb::RankExit> {
-        self.procs
-            .iter_mut()
-            .filter_map(|p| {
-                let rank = p.rank?;
-                // Collects an exit not seen yet, so that its status is in the goodbye.
-                p.has_exited();
-                Some(hangwatch_rpc::pb::RankExit {
-                    rank,
-                    pid: p.pid,
-                    exit_code: p.exit.as_ref().map(shell_code),
-                    exited_at_unix_s: p.exited_at.map(unix_time_of).unwrap_or(0.0),
-                })
-            })
-            .collect()
     }
 
     /// Beats in the shared-memory slots since the last look, from processes of the job only (a slot names its
@@ -857,31 +693,14 @@ impl Supervisor {
         self.take_progress();
         let now = self.now();
         self.feed_metrics(now);
-        for p in self.procs.iter_mut() {
-            let was = p.exit.is_some() || p.exited_at.is_some();
-            if !was && p.has_exited() {
-                self.members.forget(p.pid);
-                self.detector.rank_gone(p.rank);
-                if let Some(status) = &p.exit {
-                    tracing::info!(pid = p.pid, rank = ?p.rank, code = shell_code(status), "rank exited");
-                }
-            }
-        }
-        let job_alive = self.live() > 0;
-        if job_alive {
-            if self.tree_mode {
-                self.discover_ranks();
-            }
-            self.read_identities();
-            self.reap_probes();
-            self.sample_activity();
-            self.sample_blocked();
-            self.prepare_stack_readers();
-        }
+        let snapshot = self
+            .sampler
+            .tick(&mut self.detector, now, self.config.fs_stall);
+        let job_alive = snapshot.job_alive;
         let mut stall = self.detector.check(now).tier();
-        let mut failed_rank_for = self.failed_rank_since();
+        let mut failed_rank_for = snapshot.failed_rank_for;
         let mut fs_stuck = fast_path_due(
-            self.fs_stall.longest(now),
+            snapshot.fs_stuck,
             self.detector.stalled_for(now),
             self.config.fs_stall,
         )
@@ -898,8 +717,12 @@ impl Supervisor {
                 fs_stuck = false;
             }
         }
-        let only_stuck_left =
-            job_alive && self.policy.interrupted_by().is_some() && self.only_stuck_left();
+        let only_stuck_left = job_alive
+            && self.policy.interrupted_by().is_some()
+            && self.sampler.only_stuck_left(&stuck_pids(
+                self.last_verdict.as_ref(),
+                self.config.node.as_deref(),
+            ));
         if let Some(m) = &self.config.metrics {
             m.set_computing_without_progress(self.policy.computing_without_progress());
         }
@@ -927,7 +750,7 @@ impl Supervisor {
                 Action::RollCall(Trigger::Ordered) => self.start_ordered_evidence(),
                 Action::RollCall(Trigger::PostMortem) => self.start_post_mortem(),
                 Action::RollCall(trigger) => self.start_investigation(trigger),
-                Action::Forward(signal) => self.forward(signal),
+                Action::Forward(signal) => self.sampler.forward(signal),
                 Action::Terminate { kill_now } => self.start_termination(kill_now),
                 Action::AlertComputing => self.alert_computing(),
                 Action::Finish(ending) => return Some(self.finish(ending)),
@@ -993,440 +816,12 @@ impl Supervisor {
         self.config.alerter.send(&message);
     }
 
-    fn forward(&mut self, signal: i32) {
-        let forward = Signal::try_from(signal).unwrap_or(Signal::SIGTERM);
-        for p in self.procs.iter_mut() {
-            if p.has_exited() {
-                continue;
-            }
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pgid), forward);
-        }
-    }
-
-    fn live(&mut self) -> usize {
-        self.procs
-            .iter_mut()
-            .filter(|p| !p.discovered)
-            .map(|p| !p.has_exited())
-            .filter(|alive| *alive)
-            .count()
-    }
-
-    /// Whether every live process of the job cannot act on a signal (see [`cannot_act_on_term`]).
-    fn only_stuck_left(&mut self) -> bool {
-        let stuck = stuck_pids(self.last_verdict.as_ref(), self.config.node.as_deref());
-        if stuck.is_empty() {
-            return false;
-        }
-        let live: Vec<i32> = self
-            .procs
-            .iter_mut()
-            .filter_map(|p| (!p.has_exited()).then_some(p.pid))
-            .collect();
-        live.iter()
-            .all(|&pid| cannot_act_on_term(&self.procfs, &stuck, pid))
-    }
-
-    /// Reaps probe children that were stuck on a frozen filesystem and have returned since (after a thaw), so a
-    /// long job does not collect zombies. Skipped while a roll call holds the prober: the loop never waits.
-    fn reap_probes(&mut self) {
-        if self
-            .last_probe_reap
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
-        {
-            return;
-        }
-        self.last_probe_reap = Some(Instant::now());
-        if let Ok(mut prober) = self.prober.try_lock() {
-            if let Some(prober) = prober.as_mut() {
-                prober.outstanding();
-            }
-        }
-    }
-
-    /// Tells the reaper about process groups of the job it does not know yet.
-    fn track_groups(&mut self) {
-        for p in &self.procs {
-            if self.groups.iter().any(|g| g.pgid == p.pgid) {
-                continue;
-            }
-            let Some(group) = JobGroup::of_leader(&self.procfs, p.pid) else {
-                continue;
-            };
-            if group.pgid <= 1 || group.pgid == nix::unistd::getpgrp().as_raw() {
-                continue;
-            }
-            if let Some(reaper) = &mut self.reaper {
-                reaper.watch(group);
-            }
-            self.groups.push(group);
-        }
-    }
-
-    /// How long ago the first rank failed (`--nproc` mode), whether or not others still run.
-    fn failed_rank_since(&self) -> Option<Duration> {
-        if self.tree_mode {
-            return None;
-        }
-        let failed_at = self
-            .procs
-            .iter()
-            .filter(|p| p.exit.as_ref().is_some_and(|s| !s.success()))
-            .filter_map(|p| p.exited_at)
-            .min()?;
-        Some(failed_at.elapsed())
-    }
-
-    /// Reads again, every [`IDENTITY_EVERY`], who each live rank hangwatch started is (cgroup, name,
-    /// executable, directory): cheap /proc reads that never touch a filesystem the rank uses.
-    fn read_identities(&mut self) {
-        if self
-            .last_identity_look
-            .is_some_and(|t| t.elapsed() < IDENTITY_EVERY)
-        {
-            return;
-        }
-        self.last_identity_look = Some(Instant::now());
-        for p in self.procs.iter_mut().filter(|p| !p.discovered) {
-            if p.exit.is_some() || p.exited_at.is_some() {
-                continue;
-            }
-            let identity = crate::death::RankIdentity::read(&self.procfs, p.pid);
-            // Read as the rank exits: keep what was known.
-            if identity.comm.is_some() {
-                p.identity = identity;
-            }
-        }
-    }
-
-    /// The ranks hangwatch started and reaped, for explaining their deaths.
-    fn dead_ranks(&self) -> Vec<crate::death::DeadRank> {
-        self.procs
-            .iter()
-            .filter(|p| !p.discovered)
-            .filter_map(|p| {
-                Some(crate::death::DeadRank {
-                    pid: p.pid,
-                    rank: p.rank,
-                    status: p.exit?,
-                    exited_at: p.exited_at?,
-                    identity: p.identity.clone(),
-                })
-            })
-            .collect()
-    }
-
-    fn rank_pids(&mut self) -> Vec<(i32, Option<u32>)> {
-        let mut pids: Vec<(i32, Option<u32>)> = self
-            .procs
-            .iter()
-            // In tree mode the command itself is a rank only when the rule said so (it carries RANK, or it is
-            // Lightning's first rank).
-            .filter(|p| !self.tree_mode || p.discovered || p.rank.is_some())
-            .map(|p| (p.pid, p.rank))
-            .collect();
-        if pids.is_empty() {
-            pids = self.procs.iter().map(|p| (p.pid, p.rank)).collect();
-        }
-        pids
-    }
-
-    /// Gives the stack readers the live ranks once the set has been the same for [`PREPARE_STACKS_AFTER`] (an
-    /// interpreter just started has no stack to find yet).
-    fn prepare_stack_readers(&mut self) {
-        if self.stack_readers.is_none() {
-            return;
-        }
-        let mut pids: Vec<i32> = self
-            .rank_pids()
-            .into_iter()
-            .map(|(pid, _)| pid)
-            .filter(|pid| {
-                self.procs
-                    .iter()
-                    .any(|p| p.pid == *pid && p.exit.is_none() && p.exited_at.is_none())
-            })
-            .collect();
-        pids.sort_unstable();
-        if pids == self.stack_pids {
-            self.stack_candidate = None;
-            return;
-        }
-        match &self.stack_candidate {
-            Some((candidate, since)) if *candidate == pids => {
-                if since.elapsed() >= PREPARE_STACKS_AFTER {
-                    if let Some(readers) = &self.stack_readers {
-                        readers.prepare(&pids);
-                    }
-                    self.stack_pids = pids;
-                    self.stack_candidate = None;
-                }
-            }
-            _ => self.stack_candidate = Some((pids, Instant::now())),
-        }
-    }
-
-    /// Starts a look for ranks below the launcher, about once a second, in a worker: reading environments runs
-    /// children under a deadline (up to 2 s), which the loop must not wait for. The answer comes back as
-    /// [`Event::Discovered`].
-    fn discover_ranks(&mut self) {
-        if self.discovering
-            || self
-                .last_discovery
-                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
-        {
-            return;
-        }
-        self.last_discovery = Some(Instant::now());
-        let roots: Vec<i32> = self
-            .procs
-            .iter()
-            .filter(|p| !p.discovered)
-            .map(|p| p.pid)
-            .collect();
-        let finder = Arc::clone(&self.ranks);
-        let clients = self.client_ranks.clone();
-        let events = self.events.clone();
-        let spawned = std::thread::Builder::new()
-            .name("hw-discover".into())
-            .spawn(move || {
-                let found = finder.lock().unwrap_or_else(|e| e.into_inner()).refresh(
-                    &ProcFs::new("/proc"),
-                    &roots,
-                    &clients,
-                );
-                let _ = events.send(Event::Discovered(found));
-            });
-        match spawned {
-            Ok(_) => self.discovering = true,
-            Err(e) => tracing::warn!(error = %e, "cannot look for ranks below the launcher"),
-        }
-    }
-
-    /// Keeps what a process's client said of its rank, for the next look for ranks (taken at once). With
-    /// `--nproc` hangwatch gave every rank its number, and a report changes nothing.
-    fn client_rank(&mut self, report: ClientRank) {
-        if !self.tree_mode {
-            return;
-        }
-        let Ok(stat) = self.procfs.stat(report.pid) else {
-            return;
-        };
-        let id = ProcId {
-            pid: report.pid,
-            start_time: stat.starttime,
-        };
-        let claim = RankClaim {
-            rank: report.rank,
-            local_rank: report.local_rank,
-            world_size: report.world_size,
-            source: RankSource::Client,
-        };
-        if self.client_ranks.get(&id) == Some(&claim) {
-            return;
-        }
-        // Bounded like every table keyed by what senders say: the processes that are gone make room.
-        if self.client_ranks.len() >= MAX_CLIENT_RANKS {
-            let procfs = &self.procfs;
-            self.client_ranks.retain(|id, _| {
-                procfs
-                    .stat(id.pid)
-                    .is_ok_and(|s| s.starttime == id.start_time)
-            });
-            if self.client_ranks.len() >= MAX_CLIENT_RANKS {
-                return;
-            }
-        }
-        tracing::info!(
-            pid = report.pid,
-            rank = report.rank,
-            "a rank's client said which rank it is"
-        );
-        self.client_ranks.insert(id, claim);
-        self.last_discovery = None;
-        self.discover_ranks();
-    }
-
-    /// Takes in what a look for ranks found: the outermost processes that carry RANK (their descendants are their
-    /// workers, never ranks; see `hangwatch_diagnosis::ranks`).
-    fn ranks_found(&mut self, found: Discovery) {
-        self.discovering = false;
-        for demoted in &found.demoted {
-            tracing::info!(
-                pid = demoted.id.pid,
-                "a process taken for a rank is a launcher: other ranks run below it"
-            );
-            self.members.forget(demoted.id.pid);
-            self.procs
-                .retain(|p| !(p.discovered && p.pid == demoted.id.pid && p.exited_at.is_none()));
-        }
-        for gone in &found.gone {
-            if let Some(p) = self.procs.iter_mut().find(|p| {
-                p.discovered
-                    && p.pid == gone.id.pid
-                    && p.start.is_none_or(|s| s == gone.id.start_time)
-                    && p.exited_at.is_none()
-            }) {
-                p.exited_at = Some(Instant::now());
-                self.members.forget(p.pid);
-                self.detector.rank_gone(p.rank);
-                tracing::info!(pid = gone.id.pid, rank = gone.rank, "rank exited");
-            }
-        }
-        for changed in &found.renumbered {
-            if let Some(p) = self.procs.iter_mut().find(|p| {
-                p.pid == changed.id.pid
-                    && p.start.is_none_or(|s| s == changed.id.start_time)
-                    && p.exited_at.is_none()
-            }) {
-                tracing::info!(
-                    pid = p.pid,
-                    was = ?p.rank,
-                    rank = changed.rank,
-                    source = changed.source.as_str(),
-                    "a rank's number changed"
-                );
-                p.rank = Some(changed.rank);
-                p.rank_source = Some(changed.source);
-                self.members.register_live(p.pid, p.rank);
-            }
-        }
-        for new in found.new {
-            if let Some(p) = self
-                .procs
-                .iter_mut()
-                .find(|p| p.pid == new.id.pid && p.exited_at.is_none())
-            {
-                // The command hangwatch started is itself the rank (`hangwatch run -- python train.py` with RANK,
-                // Lightning's first rank).
-                if p.rank.is_none() {
-                    p.rank = Some(new.rank);
-                    p.rank_source = Some(new.source);
-                }
-                self.members.register_live(p.pid, p.rank);
-                continue;
-            }
-            tracing::info!(
-                pid = new.id.pid,
-                rank = new.rank,
-                source = new.source.as_str(),
-                "found a rank below the launcher"
-            );
-            self.members.register_live(new.id.pid, Some(new.rank));
-            self.procs.push(JobProc {
-                waited: None,
-                pid: new.id.pid,
-                pgid: new.pgid,
-                start: Some(new.id.start_time),
-                rank: Some(new.rank),
-                rank_source: Some(new.source),
-                exit: None,
-                exited_at: None,
-                discovered: true,
-                identity: crate::death::RankIdentity::default(),
-            });
-        }
-        self.track_groups();
-    }
-
-    /// CPU time as progress, only for jobs that never printed nor sent a heartbeat.
-    fn sample_activity(&mut self) {
-        if self
-            .detector
-            .source()
-            .is_some_and(|s| s < ProgressSource::Activity)
-        {
-            return;
-        }
-        if self
-            .last_activity_sample
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
-        {
-            return;
-        }
-        self.last_activity_sample = Some(Instant::now());
-        let now = self.now();
-        for (pid, rank) in self.rank_pids() {
-            if let Ok(stat) = self.procfs.stat(pid) {
-                let ticks = stat.cpu_ticks();
-                let before = self.activity.insert(pid, ticks);
-                if before.is_some_and(|b| ticks > b) {
-                    self.detector.progress(rank, ProgressSource::Activity, now);
-                }
-            }
-        }
-    }
-
-    /// The fast path's cheap look, once a second and only while the job makes no progress (nothing is read from
-    /// a healthy job): each rank's thread states (wait channels of sleeping threads) and its I/O counters. All of
-    /// it is safe on a rank in D (/proc stat, wchan and io take no lock the rank can hold).
-    fn sample_blocked(&mut self) {
-        let now = self.now();
-        if self.config.fs_stall.is_zero() || self.detector.stalled_for(now) < Duration::from_secs(1)
-        {
-            self.fs_stall.observe(&[], now);
-            return;
-        }
-        if self
-            .last_blocked_sample
-            .is_some_and(|t| t.elapsed() < Duration::from_millis(900))
-        {
-            return;
-        }
-        self.last_blocked_sample = Some(Instant::now());
-        let samples: Vec<RankSample> = self
-            .rank_pids()
-            .into_iter()
-            .map(|(pid, rank)| {
-                let mut blocked = None;
-                for tid in self.procfs.list_threads(pid).unwrap_or_default() {
-                    let Ok(st) = self.procfs.task_stat(pid, tid) else {
-                        continue;
-                    };
-                    let wchan = if st.state == 'S' {
-                        self.procfs.wchan(pid, tid).ok().flatten()
-                    } else {
-                        None
-                    };
-                    match thread_blocked(st.state, wchan.as_deref()) {
-                        Some(Blocked::Stopped) => {
-                            blocked = Some(Blocked::Stopped);
-                            break;
-                        }
-                        Some(b) => blocked = Some(b),
-                        None => {}
-                    }
-                }
-                let io = self.procfs.io(pid).ok().map(|c| {
-                    [
-                        c.rchar,
-                        c.wchar,
-                        c.syscr,
-                        c.syscw,
-                        c.read_bytes,
-                        c.write_bytes,
-                    ]
-                    .into_iter()
-                    .flatten()
-                    .fold(0u64, u64::wrapping_add)
-                });
-                RankSample {
-                    pid,
-                    rank,
-                    blocked,
-                    io,
-                }
-            })
-            .collect();
-        self.fs_stall.observe(&samples, now);
-    }
-
     /// The metrics' update of this tick (see [`crate::metrics_feed`]).
     fn feed_metrics(&self, now: Duration) {
         let Some(metrics) = &self.config.metrics else {
             return;
         };
-        let ranks = self.procs.iter();
+        let ranks = self.sampler.procs().iter();
         let ranks =
             ranks.filter_map(|p| Some((p.rank?, p.exit.is_some() || p.exited_at.is_some())));
         crate::metrics_feed::feed(
@@ -1438,7 +833,7 @@ impl Supervisor {
                 heartbeats: self.heartbeats.counts(),
                 progress_dropped: self.board.dropped(),
                 console_dropped: self.console.as_ref().map(Console::dropped),
-                prober: &self.prober,
+                prober: self.sampler.prober(),
             },
         );
     }
@@ -1460,7 +855,8 @@ impl Supervisor {
                 .collect(),
             nproc: self.config.launch.nproc,
             pids: self
-                .procs
+                .sampler
+                .procs()
                 .iter()
                 .map(|p| crate::evidence::PidRecord {
                     pid: p.pid,
@@ -1494,8 +890,8 @@ impl Supervisor {
             // Said as seen: the fast path names the rank and how it is blocked (stopped, or a filesystem wait).
             let seen = match trigger {
                 Trigger::FsStall => self
-                    .fs_stall
-                    .longest(now)
+                    .sampler
+                    .fs_stuck(now)
                     .map_or_else(|| trigger.describe(), |stuck| stuck.words()),
                 _ => trigger.describe(),
             };
@@ -1568,7 +964,7 @@ impl Supervisor {
         let now = self.now();
         let stalled_for = self.detector.stalled_for(now);
         let threshold = self.detector.threshold();
-        let ranks = self.rank_pids();
+        let ranks = self.sampler.rank_pids();
         let pids: Vec<i32> = ranks.iter().map(|(p, _)| *p).collect();
         let timeline = self.timeline.snapshot(
             u32::try_from(pids.len()).unwrap_or(u32::MAX),
@@ -1576,7 +972,8 @@ impl Supervisor {
             Some(unix_now()),
         );
         let known: HashMap<i32, KnownProcess> = self
-            .procs
+            .sampler
+            .procs()
             .iter()
             .filter(|p| pids.contains(&p.pid))
             .map(|p| {
@@ -1603,7 +1000,7 @@ impl Supervisor {
             window: self.config.window,
             read_stacks: true,
             stacks,
-            prepared: self.stack_readers.clone(),
+            prepared: self.sampler.stack_readers().cloned(),
             node: self.config.node.clone(),
         };
         InvestigationJob {
@@ -1613,7 +1010,7 @@ impl Supervisor {
             known,
             options,
             probe_timeout: self.config.probe_timeout,
-            prober: Arc::clone(&self.prober),
+            prober: Arc::clone(self.sampler.prober()),
             thresholds: self.thresholds_record(&threshold, stalled_for),
             timeline,
             run: self.run_record(),
@@ -1627,7 +1024,7 @@ impl Supervisor {
             history_fleet: self.config.history_fleet.clone(),
             job_id: self.config.job_id.clone(),
             node: self.config.node.clone(),
-            dead: self.dead_ranks(),
+            dead: self.sampler.dead_ranks(),
             witnesses: self.witnesses.clone(),
         }
     }
@@ -1652,7 +1049,7 @@ impl Supervisor {
         let stuck = stuck_pids(self.last_verdict.as_ref(), self.config.node.as_deref());
         let events = self.events.clone();
         let spawned = spawn_termination(
-            self.procs.clone(),
+            self.sampler.procs().to_vec(),
             grace,
             self.config.kill_wait,
             stuck,
@@ -1662,7 +1059,7 @@ impl Supervisor {
         );
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the termination; killing the job from the loop");
-            for p in &self.procs {
+            for p in self.sampler.procs() {
                 let _ =
                     nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pgid), Signal::SIGKILL);
             }
@@ -1706,7 +1103,7 @@ impl Supervisor {
         let Some(verdict) = self.last_verdict.as_mut() else {
             return;
         };
-        let procs = &self.procs;
+        let procs = self.sampler.procs();
         verdict.actions.extend(termination_actions(report, |pid| {
             procs.iter().find(|p| p.pid == pid).and_then(|p| p.rank)
         }));
@@ -1755,7 +1152,8 @@ impl Supervisor {
 
     fn job_ended_by_itself(&mut self, interrupted: Option<i32>) -> RunOutcome {
         let mut exits: Vec<(&Instant, i32)> = self
-            .procs
+            .sampler
+            .procs()
             .iter()
             .filter(|p| !p.discovered)
             .filter_map(|p| Some((p.exited_at.as_ref()?, shell_code(p.exit.as_ref()?))))
@@ -1775,11 +1173,6 @@ impl Supervisor {
             last_step: self.last_step,
         }
     }
-}
-
-/// Seconds since the epoch of a past `Instant`.
-fn unix_time_of(at: Instant) -> f64 {
-    unix_now() - at.elapsed().as_secs_f64()
 }
 
 #[cfg(test)]
