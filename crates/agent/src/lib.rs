@@ -25,3 +25,4 @@ mod sys;
 pub mod terminate;
 pub mod timeline;
 pub mod wire;
+mod workers;

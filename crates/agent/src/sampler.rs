@@ -18,7 +18,6 @@ use hangwatch_inspect::probe::Prober;
 use hangwatch_inspect::ranks::{ClientReports, Discovery, RankFinder};
 use hangwatch_model::{unix_now, ProcId, RankSource};
 use hangwatch_proc::ProcFs;
-use nix::sys::signal::Signal;
 
 use crate::events::{ClientRank, Event};
 use crate::members::JobMembers;
@@ -296,14 +295,12 @@ impl Sampler {
             .collect()
     }
 
-    pub(crate) fn forward(&mut self, signal: i32) {
-        let forward = Signal::try_from(signal).unwrap_or(Signal::SIGTERM);
-        for p in self.procs.iter_mut() {
-            if p.has_exited() {
-                continue;
-            }
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pgid), forward);
-        }
+    /// The process groups of the processes still alive, in order (a signal forwarded to the job goes to these).
+    pub(crate) fn live_groups(&mut self) -> Vec<i32> {
+        self.procs
+            .iter_mut()
+            .filter_map(|p| (!p.has_exited()).then_some(p.pgid))
+            .collect()
     }
 
     fn live(&mut self) -> usize {

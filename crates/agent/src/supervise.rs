@@ -22,10 +22,10 @@ use nix::sys::signal::Signal;
 
 use crate::events::LinkEvent;
 pub use crate::events::{Event, Investigation, EVENT_CAPACITY};
-use crate::evidence::{verdict_files, write_abandonable, RunRecord, ThresholdsRecord};
+use crate::evidence::{RunRecord, ThresholdsRecord};
 use crate::heartbeat::HeartbeatContext;
 use crate::human::say;
-use crate::investigation::{self, InvestigationJob, EVIDENCE_DEADLINE};
+use crate::investigation::{self, InvestigationJob};
 use crate::kernel_log::KernelLog;
 use crate::launch::{launch, LaunchSpec, Launched};
 use crate::link::{Answers, Link, LinkConfig};
@@ -36,7 +36,8 @@ use crate::progress::ProgressBoard;
 use crate::reaper::Reaper;
 pub use crate::sampler::shell_code;
 use crate::sampler::{unix_time_of, wait_in_background, JobProc, Sampler, SamplerParts};
-use crate::terminate::{spawn_termination, stuck_pids, termination_actions, TerminationReport};
+use crate::terminate::{stuck_pids, termination_actions, TerminationReport};
+use crate::workers::{Threads, Workers};
 use hangwatch_alert::{Alert, Alerter, Stage};
 pub use hangwatch_diagnosis::{is_conclusive, OnHang};
 use hangwatch_model::StallTier;
@@ -117,6 +118,8 @@ pub enum RunError {
 
 struct Supervisor {
     config: RunConfig,
+    /// Where the actions' workers run and signals go.
+    workers: Box<dyn Workers>,
     /// The job's processes and what is read of them each tick.
     sampler: Sampler,
     detector: Detector,
@@ -272,13 +275,7 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
     };
     let witnesses = crate::death::Witnesses::of_this_node(kernel_log.clone(), Arc::clone(&tails));
     let detector = Detector::new(config.detector.clone(), Duration::ZERO);
-    let policy = Policy::new(PolicyConfig {
-        on_hang: config.on_hang,
-        grace: config.grace,
-        failed_rank_grace: config.failed_rank_grace,
-        inspect_budget: inspect_budget(&config),
-        activity: activity_rule(&config.detector),
-    });
+    let policy = policy_of(&config);
     let sampler = Sampler::new(SamplerParts {
         procs,
         tree_mode,
@@ -289,8 +286,14 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         stack_readers,
         node_rank: config.coordinator.as_ref().map(|c| c.node_rank),
     });
+    let workers = Box::new(Threads {
+        events: tx.clone(),
+        program: program.clone(),
+        report_dir: config.report_dir.clone(),
+    });
     let mut sup = Supervisor {
         config,
+        workers,
         sampler,
         detector,
         policy,
@@ -395,6 +398,17 @@ pub fn activity_rule(detector: &DetectorConfig) -> ActivityRule {
         Some(_) => ActivityRule::never(),
         None => ActivityRule::until(detector.ceiling),
     }
+}
+
+/// The policy for `config`.
+fn policy_of(config: &RunConfig) -> Policy {
+    Policy::new(PolicyConfig {
+        on_hang: config.on_hang,
+        grace: config.grace,
+        failed_rank_grace: config.failed_rank_grace,
+        inspect_budget: inspect_budget(config),
+        activity: activity_rule(&config.detector),
+    })
 }
 
 /// How long a signal may be held back while a stuck job's evidence is taken: the roll call's own deadlines
@@ -750,7 +764,11 @@ impl Supervisor {
                 Action::RollCall(Trigger::Ordered) => self.start_ordered_evidence(),
                 Action::RollCall(Trigger::PostMortem) => self.start_post_mortem(),
                 Action::RollCall(trigger) => self.start_investigation(trigger),
-                Action::Forward(signal) => self.sampler.forward(signal),
+                Action::Forward(signal) => {
+                    let forward = Signal::try_from(signal).unwrap_or(Signal::SIGTERM);
+                    let live = self.sampler.live_groups();
+                    self.workers.signal_groups(&live, forward);
+                }
                 Action::Terminate { kill_now } => self.start_termination(kill_now),
                 Action::AlertComputing => self.alert_computing(),
                 Action::Finish(ending) => return Some(self.finish(ending)),
@@ -954,7 +972,7 @@ impl Supervisor {
         name: &str,
         work: impl FnOnce() -> Investigation + Send + 'static,
     ) {
-        if let Some(failed) = investigation::spawn(&self.events, trigger, name, work) {
+        if let Some(failed) = self.workers.investigate(trigger, name, Box::new(work)) {
             self.own_events.push_back(failed);
         }
     }
@@ -1047,22 +1065,16 @@ impl Supervisor {
             self.config.grace
         };
         let stuck = stuck_pids(self.last_verdict.as_ref(), self.config.node.as_deref());
-        let events = self.events.clone();
-        let spawned = spawn_termination(
+        let spawned = self.workers.terminate(
             self.sampler.procs().to_vec(),
             grace,
             self.config.kill_wait,
             stuck,
-            move |report| {
-                let _ = events.send(Event::Terminated(report));
-            },
         );
         if let Err(e) = spawned {
             tracing::error!(error = %e, "cannot start the termination; killing the job from the loop");
-            for p in self.sampler.procs() {
-                let _ =
-                    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(p.pgid), Signal::SIGKILL);
-            }
+            let all: Vec<i32> = self.sampler.procs().iter().map(|p| p.pgid).collect();
+            self.workers.signal_groups(&all, Signal::SIGKILL);
             self.own_events
                 .push_back(Event::Terminated(TerminationReport::default()));
         }
@@ -1120,12 +1132,7 @@ impl Supervisor {
 
     /// The verdict files again, now with the actions taken (abandonable: the report directory may be frozen).
     fn save_final_verdict(&mut self, verdict: &Verdict) {
-        if let Err(e) = write_abandonable(
-            &self.program,
-            &self.config.report_dir,
-            &verdict_files(verdict),
-            EVIDENCE_DEADLINE,
-        ) {
+        if let Err(e) = self.workers.save_verdict(verdict) {
             tracing::warn!(error = %e, "the final verdict could not be saved");
             say(format!(
                 "hangwatch: warning: the final verdict could not be saved: {e}"
@@ -1176,34 +1183,4 @@ impl Supervisor {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_event_the_loop_gives_itself_never_waits_on_a_full_channel_and_comes_first() {
-        let (tx, rx) = sync_channel::<Event>(2);
-        tx.try_send(Event::Signal(1)).expect("room");
-        tx.try_send(Event::Signal(2)).expect("room");
-        assert!(
-            matches!(
-                tx.try_send(Event::Signal(3)),
-                Err(std::sync::mpsc::TrySendError::Full(_))
-            ),
-            "the channel is full: a blocking send from the loop's own thread would never return"
-        );
-        let mut own = VecDeque::new();
-        own.push_back(Event::Terminated(TerminationReport::default()));
-        let order: Vec<String> = (0..3)
-            .map(|_| match next_event(&mut own, &rx, Duration::ZERO) {
-                Ok(Event::Terminated(_)) => "terminated".to_owned(),
-                Ok(Event::Signal(n)) => format!("signal {n}"),
-                other => format!("{other:?}"),
-            })
-            .collect();
-        assert_eq!(order, ["terminated", "signal 1", "signal 2"]);
-        assert!(matches!(
-            next_event(&mut own, &rx, Duration::from_millis(1)),
-            Err(RecvTimeoutError::Timeout)
-        ));
-    }
-}
+mod tests;
