@@ -20,6 +20,7 @@ pub mod progress;
 pub mod reaper;
 pub mod render;
 mod sampler;
+mod sources;
 pub mod supervise;
 mod sys;
 pub mod terminate;

@@ -36,7 +36,8 @@ use crate::progress::ProgressBoard;
 use crate::reaper::Reaper;
 pub use crate::sampler::shell_code;
 use crate::sampler::{unix_time_of, wait_in_background, JobProc, Sampler, SamplerParts};
-use crate::terminate::{stuck_pids, termination_actions, TerminationReport};
+use crate::sources::{install_signals, runtime_dir};
+use crate::terminate::{report_termination, stuck_pids, TerminationReport};
 use crate::workers::{Threads, Workers};
 use hangwatch_alert::{Alert, Alerter, Stage};
 pub use hangwatch_diagnosis::{is_conclusive, OnHang};
@@ -352,45 +353,6 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
     Ok(outcome)
 }
 
-/// A fresh private (0700) directory for the heartbeat socket and the beat slots: the first node-local one of
-/// `$XDG_RUNTIME_DIR` (a per-user tmpfs), `$TMPDIR`, `/dev/shm` and `/tmp`. Node-local by the mount table, before
-/// anything touches the path: with `TMPDIR` on Lustre scratch the loop, the exit and every rank's `beat()` would
-/// otherwise wait on the shared filesystem. Removed when dropped.
-fn runtime_dir() -> std::io::Result<tempfile::TempDir> {
-    let table = ProcFs::new("/proc")
-        .mountinfo(std::process::id() as i32)
-        .ok();
-    let candidates: Vec<PathBuf> = [
-        std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
-        Some(std::env::temp_dir()),
-        Some(PathBuf::from("/dev/shm")),
-        Some(PathBuf::from("/tmp")),
-    ]
-    .into_iter()
-    .flatten()
-    .filter(|p| p.is_absolute())
-    .collect();
-    let mut last = None;
-    for base in &candidates {
-        if let Some(t) = &table {
-            if !t.is_node_local(&base.to_string_lossy()) {
-                tracing::info!(dir = %base.display(), "not a node-local filesystem: the heartbeat socket goes elsewhere");
-                continue;
-            }
-        }
-        match tempfile::Builder::new()
-            .prefix("hangwatch-")
-            .tempdir_in(base)
-        {
-            Ok(dir) => return Ok(dir),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| {
-        std::io::Error::other("no node-local directory for the heartbeat socket ($XDG_RUNTIME_DIR, $TMPDIR, /dev/shm, /tmp)")
-    }))
-}
-
 /// How long ranks seen computing without progress hold the hard tier back: until `--max-stall` (the detector's
 /// ceiling), unless the user fixed the threshold (`--stall-after`: their word that no silence lasts longer).
 pub fn activity_rule(detector: &DetectorConfig) -> ActivityRule {
@@ -418,16 +380,6 @@ fn inspect_budget(config: &RunConfig) -> Duration {
         .min(Duration::from_secs(8))
 }
 
-struct SignalThread {
-    handle: signal_hook::iterator::Handle,
-}
-
-impl SignalThread {
-    fn close(self) {
-        self.handle.close();
-    }
-}
-
 /// The loop's next event: one it gave itself first (it is the consequence of what the loop just did), else one
 /// from the channel within `wait`.
 fn next_event(
@@ -439,22 +391,6 @@ fn next_event(
         Some(event) => Ok(event),
         None => rx.recv_timeout(wait),
     }
-}
-
-fn install_signals(tx: SyncSender<Event>) -> std::io::Result<SignalThread> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
-    let handle = signals.handle();
-    std::thread::Builder::new()
-        .name("hw-signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                if tx.send(Event::Signal(sig)).is_err() {
-                    return;
-                }
-            }
-        })?;
-    Ok(SignalThread { handle })
 }
 
 impl Supervisor {
@@ -816,24 +752,6 @@ impl Supervisor {
         }
     }
 
-    /// The warning alert that the job computes without progress and is not ended for it (once per stall).
-    fn alert_computing(&self) {
-        let Some(verdict) = &self.last_verdict else {
-            return;
-        };
-        let mut message = Alert::new(Stage::Computing, verdict, unix_now());
-        message.job = self.config.job_id.clone();
-        message.node = self.config.node.clone();
-        message.evidence = self.bundle.as_ref().map(|dir| {
-            format!(
-                "{}:{}",
-                self.config.node.as_deref().unwrap_or("this node"),
-                dir.display()
-            )
-        });
-        self.config.alerter.send(&message);
-    }
-
     /// The metrics' update of this tick (see [`crate::metrics_feed`]).
     fn feed_metrics(&self, now: Duration) {
         let Some(metrics) = &self.config.metrics else {
@@ -855,332 +773,9 @@ impl Supervisor {
             },
         );
     }
-
-    fn thresholds_record(&self, threshold: &Threshold, stalled_for: Duration) -> ThresholdsRecord {
-        ThresholdsRecord::new(self.detector.config(), threshold, stalled_for)
-    }
-
-    fn run_record(&self) -> RunRecord {
-        RunRecord {
-            hangwatch_version: env!("CARGO_PKG_VERSION").to_string(),
-            node: self.config.node.clone(),
-            command: self
-                .config
-                .launch
-                .command
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect(),
-            nproc: self.config.launch.nproc,
-            pids: self
-                .sampler
-                .procs()
-                .iter()
-                .map(|p| crate::evidence::PidRecord {
-                    pid: p.pid,
-                    rank: p.rank,
-                })
-                .collect(),
-            running_for_s: self.now().as_secs_f64(),
-            heartbeats: self.heartbeats.counts(),
-            console_lines_dropped: self.console.as_ref().map(Console::dropped),
-            messages_dropped: crate::human::dropped(crate::human::Stream::Stderr),
-            rollcall: None,
-        }
-    }
-
-    /// Starts the roll call worker: roll call, evidence (in an abandonable child), alert. Everything it needs is
-    /// copied out of the loop's state now, so the loop goes on at once.
-    fn start_investigation(&mut self, trigger: Trigger) {
-        let now = self.now();
-        let stalled_for = self.detector.stalled_for(now);
-        let threshold = self.detector.threshold();
-        let (tier_threshold, basis) = match trigger {
-            Trigger::Soft => (threshold.soft, threshold.basis.as_str()),
-            Trigger::FsStall => (
-                self.config.fs_stall,
-                "--fs-stall, whatever the learned threshold",
-            ),
-            _ => (threshold.hard, threshold.basis.as_str()),
-        };
-        // A recheck of ranks seen computing is said only when it finds the work stopped.
-        if trigger != Trigger::Recheck {
-            // Said as seen: the fast path names the rank and how it is blocked (stopped, or a filesystem wait).
-            let seen = match trigger {
-                Trigger::FsStall => self
-                    .sampler
-                    .fs_stuck(now)
-                    .map_or_else(|| trigger.describe(), |stuck| stuck.words()),
-                _ => trigger.describe(),
-            };
-            say(format!(
-                "hangwatch: {} for {:.1}s ({seen}; threshold {:.0}s, {basis}): taking a roll call",
-                ProgressSource::missing_words(self.detector.source()),
-                stalled_for.as_secs_f64(),
-                tier_threshold.as_secs_f64(),
-            ));
-        }
-        let job = self.investigation_job(trigger);
-        self.spawn_investigation(trigger, "hw-rollcall", move || job.run());
-    }
-
-    /// A roll call the coordinator ordered: this node's observations go back to it as soon as they are taken
-    /// (and are kept for this node's evidence); the coordinator decides.
-    fn start_ordered_roll_call(
-        &mut self,
-        roll_call_id: u64,
-        deadline: Duration,
-        probe_mounts: Vec<String>,
-        answers: Answers,
-    ) {
-        let also = if probe_mounts.is_empty() {
-            String::new()
-        } else {
-            format!(", probing {} too", probe_mounts.join(", "))
-        };
-        say(format!(
-            "hangwatch: the coordinator asks for a roll call of this node (answer within {:.0}s{also})",
-            deadline.as_secs_f64()
-        ));
-        let mut job = self.investigation_job(Trigger::Ordered);
-        job.options.extra_probes = probe_mounts;
-        investigation::spawn_ordered_roll_call(job, roll_call_id, answers, self.events.clone());
-    }
-
-    /// The coordinator ended the job: this node's evidence is the job-wide verdict with this node's own
-    /// observations (from the roll call it answered), written while the ranks are being ended.
-    fn start_ordered_evidence(&mut self) {
-        let job = self.investigation_job(Trigger::Ordered);
-        let verdict = self
-            .ordered_verdict
-            .clone()
-            .unwrap_or_else(|| Verdict::unknown("the coordinator ended the job"));
-        let observations = self.ordered_observations.clone().unwrap_or_else(|| {
-            let mut o = NodeObservations::new(self.config.node.clone(), 0);
-            o.unreadable
-                .push("this node's roll call did not finish before the coordinator's order".into());
-            o
-        });
-        self.spawn_investigation(Trigger::Ordered, "hw-evidence", move || {
-            job.keep(verdict, &observations, false)
-        });
-    }
-    /// Starts a roll call worker; one that cannot start reports its failure as the loop's own next event.
-    fn spawn_investigation(
-        &mut self,
-        trigger: Trigger,
-        name: &str,
-        work: impl FnOnce() -> Investigation + Send + 'static,
-    ) {
-        if let Some(failed) = self.workers.investigate(trigger, name, Box::new(work)) {
-            self.own_events.push_back(failed);
-        }
-    }
-
-    /// Everything a roll call worker needs, copied out of the loop's state.
-    fn investigation_job(&mut self, trigger: Trigger) -> InvestigationJob {
-        let now = self.now();
-        let stalled_for = self.detector.stalled_for(now);
-        let threshold = self.detector.threshold();
-        let ranks = self.sampler.rank_pids();
-        let pids: Vec<i32> = ranks.iter().map(|(p, _)| *p).collect();
-        let timeline = self.timeline.snapshot(
-            u32::try_from(pids.len()).unwrap_or(u32::MAX),
-            Some(threshold.hard.as_secs_f64()),
-            Some(unix_now()),
-        );
-        let known: HashMap<i32, KnownProcess> = self
-            .sampler
-            .procs()
-            .iter()
-            .filter(|p| pids.contains(&p.pid))
-            .map(|p| {
-                let known = KnownProcess {
-                    rank: p.rank,
-                    rank_source: p.rank_source,
-                    exited: p.exit.is_some() || p.exited_at.is_some(),
-                    exit_code: p.exit.as_ref().map(shell_code),
-                    exited_at_unix_s: p.exited_at.map(unix_time_of),
-                };
-                (p.pid, known)
-            })
-            .collect();
-        let stacks = StackReadOptions::for_self()
-            .unwrap_or_else(|_| StackReadOptions {
-                program: self.program.clone(),
-                per_pid_timeout: self.config.stack_timeout,
-                total_timeout: self.config.stack_timeout,
-                parallelism: 2,
-            })
-            .with_timeouts(self.config.stack_timeout, pids.len());
-        let options = RollCallOptions {
-            extra_probes: Vec::new(),
-            window: self.config.window,
-            read_stacks: true,
-            stacks,
-            prepared: self.sampler.stack_readers().cloned(),
-            node: self.config.node.clone(),
-        };
-        InvestigationJob {
-            trigger,
-            stalled_for_s: stalled_for.as_secs_f64(),
-            pids,
-            known,
-            options,
-            probe_timeout: self.config.probe_timeout,
-            prober: Arc::clone(self.sampler.prober()),
-            thresholds: self.thresholds_record(&threshold, stalled_for),
-            timeline,
-            run: self.run_record(),
-            kernel_log: self.kernel_log.text(),
-            kernel_log_unavailable: self.kernel_log.unavailable.clone(),
-            tails: self.tails.snapshot(),
-            report_dir: self.config.report_dir.clone(),
-            program: self.program.clone(),
-            alerter: Arc::clone(&self.config.alerter),
-            history_db: self.config.history_db.clone(),
-            history_fleet: self.config.history_fleet.clone(),
-            job_id: self.config.job_id.clone(),
-            node: self.config.node.clone(),
-            dead: self.sampler.dead_ranks(),
-            witnesses: self.witnesses.clone(),
-        }
-    }
-
-    /// The job ended by itself after a rank failed: a worker writes down who died first and how (waiting briefly
-    /// for the kernel log and the last lines), keeps it as evidence and makes it the run's verdict.
-    fn start_post_mortem(&mut self) {
-        say("hangwatch: the job ended after a rank failed: finding out how it died".to_string());
-        let job = self.investigation_job(Trigger::PostMortem);
-        self.spawn_investigation(Trigger::PostMortem, "hw-postmortem", move || {
-            job.post_mortem()
-        });
-    }
-
-    /// Starts the termination worker: TERM, grace, KILL (or KILL at once), then the unkillable are reported.
-    fn start_termination(&mut self, kill_now: bool) {
-        let grace = if kill_now {
-            Duration::ZERO
-        } else {
-            self.config.grace
-        };
-        let stuck = stuck_pids(self.last_verdict.as_ref(), self.config.node.as_deref());
-        let spawned = self.workers.terminate(
-            self.sampler.procs().to_vec(),
-            grace,
-            self.config.kill_wait,
-            stuck,
-        );
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the termination; killing the job from the loop");
-            let all: Vec<i32> = self.sampler.procs().iter().map(|p| p.pgid).collect();
-            self.workers.signal_groups(&all, Signal::SIGKILL);
-            self.own_events
-                .push_back(Event::Terminated(TerminationReport::default()));
-        }
-    }
-
-    fn finish(&mut self, ending: Ending) -> RunOutcome {
-        match ending {
-            Ending::Hung => self.finish_hung(),
-            Ending::Interrupted(signal) => {
-                let mut outcome = self.job_ended_by_itself(Some(signal));
-                if let Some(report) = self.termination.take() {
-                    self.report_termination(&report);
-                    outcome.exit_code = 128 + signal;
-                    outcome.termination = Some(report);
-                }
-                if let Some(verdict) = self.last_verdict.clone() {
-                    self.save_final_verdict(&verdict);
-                }
-                outcome
-            }
-            Ending::ByItself => self.job_ended_by_itself(None),
-        }
-    }
-
-    /// Adds what the termination did to the last verdict and says who could not be killed.
-    fn report_termination(&mut self, report: &TerminationReport) {
-        let node = self
-            .config
-            .node
-            .clone()
-            .unwrap_or_else(|| "this node".into());
-        for u in &report.unkillable {
-            say(format!(
-                "hangwatch: {}: not waiting for it; drain or reboot {node}",
-                u.words()
-            ));
-        }
-        let Some(verdict) = self.last_verdict.as_mut() else {
-            return;
-        };
-        let procs = self.sampler.procs();
-        verdict.actions.extend(termination_actions(report, |pid| {
-            procs.iter().find(|p| p.pid == pid).and_then(|p| p.rank)
-        }));
-        if !report.unkillable.is_empty() {
-            verdict.recommendations.insert(
-                0,
-                format!(
-                    "processes of this job are stuck in the kernel and cannot be killed: drain {node} (or reboot it) \
-                     and restart the job elsewhere"
-                ),
-            );
-        }
-    }
-
-    /// The verdict files again, now with the actions taken (abandonable: the report directory may be frozen).
-    fn save_final_verdict(&mut self, verdict: &Verdict) {
-        if let Err(e) = self.workers.save_verdict(verdict) {
-            tracing::warn!(error = %e, "the final verdict could not be saved");
-            say(format!(
-                "hangwatch: warning: the final verdict could not be saved: {e}"
-            ));
-        }
-    }
-
-    fn finish_hung(&mut self) -> RunOutcome {
-        let report = self.termination.take().unwrap_or_default();
-        self.report_termination(&report);
-        let verdict = self.last_verdict.clone();
-        if let Some(verdict) = &verdict {
-            self.save_final_verdict(verdict);
-        }
-        RunOutcome {
-            exit_code: EXIT_HUNG,
-            verdict,
-            bundle: self.bundle.clone(),
-            termination: Some(report),
-            interrupted_by: None,
-            last_step: self.last_step,
-        }
-    }
-
-    fn job_ended_by_itself(&mut self, interrupted: Option<i32>) -> RunOutcome {
-        let mut exits: Vec<(&Instant, i32)> = self
-            .sampler
-            .procs()
-            .iter()
-            .filter(|p| !p.discovered)
-            .filter_map(|p| Some((p.exited_at.as_ref()?, shell_code(p.exit.as_ref()?))))
-            .collect();
-        exits.sort_by_key(|(at, _)| **at);
-        let code = exits.iter().map(|(_, c)| *c).find(|c| *c != 0).unwrap_or(0);
-        let code = match interrupted {
-            Some(sig) if code == 0 || code > 128 => 128 + sig,
-            _ => code,
-        };
-        RunOutcome {
-            exit_code: code,
-            verdict: self.last_verdict.clone(),
-            bundle: self.bundle.clone(),
-            termination: None,
-            interrupted_by: interrupted,
-            last_step: self.last_step,
-        }
-    }
 }
 
+mod acts;
+mod ending;
 #[cfg(test)]
 mod tests;

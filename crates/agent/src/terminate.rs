@@ -1,5 +1,6 @@
 //! Ending a job fast: SIGTERM to every process group, a grace period, SIGKILL, and then no more waiting: a process
-//! still alive (in D state, a SIGKILL cannot take effect until its call returns) is reported as unkillable.
+//! still alive (in D state, a SIGKILL cannot take effect until its call returns) is reported as unkillable. Also
+//! the worker that runs it, which processes cannot act on SIGTERM, and what the verdict and the user are told.
 
 use std::time::{Duration, Instant};
 
@@ -7,6 +8,8 @@ use hangwatch_model::{StuckThread, Verdict};
 use hangwatch_proc::ProcFs;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+
+use crate::human::say;
 
 /// A process of the job that hangwatch may signal (its own child, or a rank found below it).
 pub trait JobProcess {
@@ -350,6 +353,35 @@ fn remains(procfs: &ProcFs, pid: i32) -> Remains {
                     .map(|s| (tid, s.comm, s.state))
             })
             .collect(),
+    }
+}
+
+/// Adds what `report` says the termination did to `verdict` (the ranks by `rank_of`), and says which processes
+/// could not be killed and that `node` must be drained.
+pub fn report_termination(
+    verdict: Option<&mut Verdict>,
+    report: &TerminationReport,
+    node: &str,
+    rank_of: impl Fn(i32) -> Option<u32>,
+) {
+    for u in &report.unkillable {
+        say(format!(
+            "hangwatch: {}: not waiting for it; drain or reboot {node}",
+            u.words()
+        ));
+    }
+    let Some(verdict) = verdict else {
+        return;
+    };
+    verdict.actions.extend(termination_actions(report, rank_of));
+    if !report.unkillable.is_empty() {
+        verdict.recommendations.insert(
+            0,
+            format!(
+                "processes of this job are stuck in the kernel and cannot be killed: drain {node} (or reboot it) \
+                 and restart the job elsewhere"
+            ),
+        );
     }
 }
 
