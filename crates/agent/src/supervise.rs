@@ -2,6 +2,10 @@
 //! becomes an [`Event`]; the loop feeds the pure detector and the pure [`Policy`], and carries out the policy's
 //! actions in workers (roll call + evidence + alert, termination) that report back as events. The loop itself
 //! never waits on anything but its event channel, and never prints except through [`crate::human`].
+//!
+//! Here: the run's config and outcome, the loop, its events and ticks. Its setup is in `start`, what its actions
+//! start in `acts`, the progress it takes in `progress`, how the run ends in `ending`; the processes are read by
+//! the `Sampler` (sampler.rs), the workers run through `Workers` (workers.rs).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -161,166 +165,7 @@ struct Supervisor {
 /// Runs the job to its end. Never returns while a rank it can still end is alive, and never waits on one it
 /// cannot end.
 pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
-    let (tx, rx) = sync_channel::<Event>(EVENT_CAPACITY);
-    let signals = install_signals(tx.clone()).map_err(RunError::Signals)?;
-    // The socket lives in a private node-local directory, never in the report directory: a report directory on a
-    // filesystem that froze would block its bind, and its unlink at exit (in D, hangwatch could not exit).
-    let runtime = runtime_dir().map_err(|source| RunError::Socket {
-        path: std::env::temp_dir(),
-        source,
-    })?;
-    let socket_path = runtime.path().join("hb.sock");
-    let board = Arc::new(ProgressBoard::new());
-    let members = Arc::new(JobMembers::new());
-    let heartbeat = HeartbeatContext {
-        events: tx.clone(),
-        board: Arc::clone(&board),
-        members: Arc::clone(&members),
-        sink: config.sink.clone(),
-    };
-    let socket =
-        crate::heartbeat::start(&socket_path, heartbeat).map_err(|source| RunError::Socket {
-            path: socket_path.clone(),
-            source,
-        })?;
-    let mut launch_spec = config.launch.clone();
-    launch_spec.socket = Some(socket.path().to_path_buf());
-    // Beats without a system call: a slot per local rank in the same private directory.
-    let beat_slots = crate::beats::BeatSlots::create(&runtime.path().join("beats"))
-        .map_err(
-            |e| tracing::warn!(error = %e, "no shared-memory beat slots: ranks beat by datagram"),
-        )
-        .ok();
-    launch_spec.beats = beat_slots.as_ref().map(|b| b.path().to_path_buf());
-    let kernel_log = KernelLog::follow();
-    let console = config.console.map(Console::start);
-    let tails = Arc::new(Tails::new(200));
-    let open_streams = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let program =
-        hangwatch_inspect::child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
-    let reaper = Reaper::start(&program)
-        .map_err(|e| {
-            tracing::warn!(error = %e, "cannot start the job reaper: if hangwatch is killed, processes of the job below its ranks may outlive it")
-        })
-        .ok();
-    // Stack readers prepared while the job is healthy, so that a roll call reads only the stacks.
-    let stack_readers = PreparedStacks::start(
-        program.clone(),
-        hangwatch_inspect::pystack::default_parallelism(),
-    )
-    .map_err(
-        |e| tracing::warn!(error = %e, "no prepared stack readers: roll calls read stacks cold"),
-    )
-    .ok();
-    let start = Instant::now();
-    let launched = launch(&launch_spec)?;
-    for l in &launched {
-        members.register_live(l.pid, l.rank);
-    }
-    let tree_mode = launch_spec.nproc.is_none();
-    let ctx = DrainContext {
-        board: Arc::clone(&board),
-        sink: config.sink.clone(),
-        console: console.clone(),
-        tails: Arc::clone(&tails),
-        prefix: config.prefix,
-        open_streams: Arc::clone(&open_streams),
-    };
-    let procfs = ProcFs::new("/proc");
-    let mut procs = Vec::new();
-    for Launched {
-        child,
-        pid,
-        rank,
-        stdout,
-        stderr,
-    } in launched
-    {
-        if let Some(out) = stdout {
-            drain(out, rank, Stream::Stdout, ctx.clone());
-        }
-        if let Some(err) = stderr {
-            drain(err, rank, Stream::Stderr, ctx.clone());
-        }
-        procs.push(JobProc {
-            waited: Some(wait_in_background(child)),
-            pid,
-            pgid: pid,
-            start: procfs.stat(pid).ok().map(|s| s.starttime),
-            rank,
-            // `--nproc` gives each rank its RANK.
-            rank_source: rank.map(|_| RankSource::EnvRank),
-            exit: None,
-            exited_at: None,
-            discovered: false,
-            identity: crate::death::RankIdentity::read(&procfs, pid),
-        });
-    }
-    drop(ctx);
-    let prober = Prober::new()
-        .map_err(|e| tracing::warn!(error = %e, "filesystem probes unavailable"))
-        .ok();
-    let link = match config.coordinator.clone() {
-        Some(link_config) => {
-            let addr = link_config.addr.clone();
-            match Link::start(link_config, tx.clone()) {
-                Ok(link) => Some(link),
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot start the coordinator link");
-                    say(format!("hangwatch: error: cannot start the link to the coordinator at {addr} ({e}); this node decides alone"));
-                    None
-                }
-            }
-        }
-        None => None,
-    };
-    let witnesses = crate::death::Witnesses::of_this_node(kernel_log.clone(), Arc::clone(&tails));
-    let detector = Detector::new(config.detector.clone(), Duration::ZERO);
-    let policy = policy_of(&config);
-    let sampler = Sampler::new(SamplerParts {
-        procs,
-        tree_mode,
-        prober,
-        members: Arc::clone(&members),
-        events: tx.clone(),
-        reaper,
-        stack_readers,
-        node_rank: config.coordinator.as_ref().map(|c| c.node_rank),
-    });
-    let workers = Box::new(Threads {
-        events: tx.clone(),
-        program: program.clone(),
-        report_dir: config.report_dir.clone(),
-    });
-    let mut sup = Supervisor {
-        config,
-        workers,
-        sampler,
-        detector,
-        policy,
-        start,
-        kernel_log,
-        tails,
-        console,
-        events: tx,
-        board,
-        members,
-        last_verdict: None,
-        bundle: None,
-        termination: None,
-        heartbeats: Arc::clone(&socket.stats),
-        program,
-        last_step: None,
-        link,
-        beat_slots,
-        last_slot_look: None,
-        own_events: VecDeque::new(),
-        linked: false,
-        ordered_observations: None,
-        ordered_verdict: None,
-        timeline: crate::timeline::TimelineRecorder::new(unix_time_of(start)),
-        witnesses,
-    };
+    let (mut sup, rx, wiring) = Supervisor::start(config)?;
     let outcome = sup.run_loop(&rx);
     if let Some(link) = sup.link.take() {
         let exits = sup.sampler.rank_exits();
@@ -336,12 +181,10 @@ pub fn run(config: RunConfig) -> Result<RunOutcome, RunError> {
         Duration::from_secs(2)
     };
     let until = Instant::now() + linger;
-    while open_streams.load(std::sync::atomic::Ordering::SeqCst) > 0 && Instant::now() < until {
+    while wiring.streams_open() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
-    signals.close();
-    drop(socket);
-    drop(runtime);
+    wiring.close();
     if let Some(console) = &sup.console {
         if console.dropped() > 0 {
             tracing::warn!(
@@ -512,62 +355,6 @@ impl Supervisor {
         let now = self.now();
         let actions = self.policy.handle(input, now);
         self.carry_out(actions)
-    }
-
-    /// Feeds the progress recorded on the board since the last take to the detector (and to the coordinator).
-    fn take_progress(&mut self) {
-        self.take_slot_beats();
-        for u in self.board.take_updates() {
-            self.last_step = self.last_step.max(u.step);
-            self.timeline
-                .record(unix_time_of(u.at), u.rank, u.count, u.step);
-            if let (Some(link), Some(rank)) = (&self.link, u.rank) {
-                link.progress(rank, u.step, u.at);
-            }
-            self.detector
-                .progress_batch(u.rank, u.source, u.batch(self.start));
-        }
-    }
-
-    /// Beats in the shared-memory slots since the last look, from processes of the job only (a slot names its
-    /// writer's pid). The beats of one slot between two looks are spread evenly over the time between them, so
-    /// that the detector learns the same step intervals as from datagram beats.
-    fn take_slot_beats(&mut self) {
-        let Some(slots) = self.beat_slots.as_mut() else {
-            return;
-        };
-        let now = Instant::now();
-        let since = self.last_slot_look.replace(now).unwrap_or(self.start);
-        for moved in slots.take() {
-            let slot = moved.slot;
-            let Some(member) = self.members.who(slot.pid) else {
-                tracing::debug!(
-                    pid = slot.pid,
-                    "beat slot written by a process outside the job: ignored"
-                );
-                continue;
-            };
-            let rank = slot.rank.or(member.rank);
-            let beats = u32::try_from(moved.beats).unwrap_or(u32::MAX);
-            let each = now.saturating_duration_since(since) / beats.max(1);
-            let first = (since + each).min(now);
-            self.detector.progress_batch(
-                rank,
-                ProgressSource::Heartbeat,
-                hangwatch_diagnosis::ProgressBatch {
-                    first: self.since_start(first),
-                    last: self.since_start(now),
-                    count: moved.beats,
-                    longest_gap: each,
-                },
-            );
-            self.last_step = self.last_step.max(slot.step);
-            self.timeline
-                .record(unix_time_of(now), rank, moved.beats, slot.step);
-            if let (Some(link), Some(rank)) = (&self.link, rank) {
-                link.progress(rank, slot.step, now);
-            }
-        }
     }
 
     /// What the coordinator link said; the policy's input when it is one.
@@ -751,31 +538,11 @@ impl Supervisor {
             ),
         }
     }
-
-    /// The metrics' update of this tick (see [`crate::metrics_feed`]).
-    fn feed_metrics(&self, now: Duration) {
-        let Some(metrics) = &self.config.metrics else {
-            return;
-        };
-        let ranks = self.sampler.procs().iter();
-        let ranks =
-            ranks.filter_map(|p| Some((p.rank?, p.exit.is_some() || p.exited_at.is_some())));
-        crate::metrics_feed::feed(
-            metrics,
-            crate::metrics_feed::FeedInput {
-                detector: &self.detector,
-                now,
-                ranks: ranks.collect(),
-                heartbeats: self.heartbeats.counts(),
-                progress_dropped: self.board.dropped(),
-                console_dropped: self.console.as_ref().map(Console::dropped),
-                prober: self.sampler.prober(),
-            },
-        );
-    }
 }
 
 mod acts;
 mod ending;
+mod progress;
+mod start;
 #[cfg(test)]
 mod tests;
