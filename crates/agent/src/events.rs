@@ -12,7 +12,7 @@ use crate::policy::Trigger;
 use crate::terminate::TerminationReport;
 
 /// One thing that happened. Progress (beats, output) is not an event: it waits on the
-/// [`ProgressBoard`](crate::progress::ProgressBoard), which the loop reads at each tick, so a flood of it never
+/// progress board (`ProgressBoard`), which the loop reads at each tick, so a flood of it never
 /// fills the channel.
 #[derive(Debug)]
 pub enum Event {
@@ -79,7 +79,7 @@ pub enum LinkEvent {
     /// What listens at the coordinator's address did not prove the job's key (another job's coordinator, another
     /// token file, or someone else on the port): nothing was sent to it.
     NotTheJobs { why: String },
-    /// Take a roll call of this node and answer with [`Answers::answer`](crate::link::Answers::answer) within
+    /// Take a roll call of this node and answer with `Answers::answer` (the link) within
     /// `deadline`.
     RollCallOrdered {
         roll_call_id: u64,
