@@ -306,6 +306,34 @@ fn a_signal_to_a_job_that_makes_progress_is_passed_on_and_the_run_exits_as_the_j
 }
 
 #[test]
+fn a_signal_while_the_job_is_stuck_keeps_the_evidence_before_passing_it_on() {
+    let (mut sup, workers, _rx) = supervisor(vec![rank(None)]);
+    sup.detector
+        .progress(Some(0), ProgressSource::Heartbeat, Duration::ZERO);
+    advance(&mut sup, STALL_AFTER * 6 / 10);
+    assert!(sup.handle_event(Event::Signal(15)).is_none());
+    assert_eq!(
+        asked(&workers).roll_calls,
+        [Trigger::Signal(15)],
+        "6 s without progress is past the soft threshold: the job is stuck"
+    );
+    assert!(
+        asked(&workers).signals.is_empty(),
+        "the signal waits for the evidence"
+    );
+    let found = Investigation {
+        trigger: Trigger::Signal(15),
+        verdict: hung_verdict(),
+        evidence: None,
+    };
+    assert!(sup
+        .handle_event(Event::Investigated(Box::new(found)))
+        .is_none());
+    let pid = std::process::id() as i32;
+    assert_eq!(asked(&workers).signals, [(vec![pid], Signal::SIGTERM)]);
+}
+
+#[test]
 fn an_event_the_loop_gives_itself_never_waits_on_a_full_channel_and_comes_first() {
     let (tx, rx) = sync_channel::<Event>(2);
     tx.try_send(Event::Signal(1)).expect("room");
