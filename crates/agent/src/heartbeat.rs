@@ -19,10 +19,11 @@ use nix::sys::socket::{
     self, sockopt, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
 };
 
+use crate::events::Event;
+pub use crate::events::{ClientRank, PhaseMessage};
 use crate::members::JobMembers;
 use crate::output::LineSink;
 use crate::progress::ProgressBoard;
-use crate::supervise::Event;
 use crate::wire::{parse_datagram, ClientMessage};
 
 /// Counters of the heartbeat socket, for the evidence bundle.
@@ -75,26 +76,6 @@ impl HeartbeatStats {
             phases_dropped: get(&self.phases_dropped),
         }
     }
-}
-
-/// A rank entered or left a `hangwatch.phase(name)`: the one kind of message the supervision loop gets as an
-/// event (its order against the rank's progress matters; it is rare).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PhaseMessage {
-    pub rank: Option<u32>,
-    pub begin: bool,
-    pub name: String,
-    pub at: Instant,
-}
-
-/// A process of the job said which rank it is (wire type `rank`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientRank {
-    /// The sender, as the kernel gives it.
-    pub pid: i32,
-    pub rank: u32,
-    pub local_rank: Option<u32>,
-    pub world_size: Option<u32>,
 }
 
 /// Where the receiver passes messages on.

@@ -3,10 +3,12 @@
 
 pub mod beats;
 pub mod death;
+pub mod events;
 pub mod evidence;
 pub mod heartbeat;
 pub mod history;
 pub mod human;
+mod investigation;
 pub mod kernel_log;
 pub mod launch;
 pub mod link;
@@ -18,8 +20,11 @@ pub mod progress;
 pub mod reaper;
 pub mod render;
 mod run_config;
+mod sampler;
+mod sources;
 pub mod supervise;
 mod sys;
 pub mod terminate;
 pub mod timeline;
 pub mod wire;
+mod workers;

@@ -20,7 +20,8 @@ use hangwatch_rpc::{
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::supervise::Event;
+use crate::events::Event;
+pub use crate::events::LinkEvent;
 
 /// Where the coordinator is and who this node is.
 #[derive(Debug, Clone)]
@@ -34,32 +35,6 @@ pub struct LinkConfig {
     pub node_rank: u32,
     /// The global ranks this node runs (empty when they are found later, below a launcher).
     pub ranks: Vec<u32>,
-}
-
-/// What the link tells the supervision loop.
-#[derive(Debug)]
-pub enum LinkEvent {
-    /// Registered and attached; `rejoined`: not the first time (the coordinator restarted, or the link healed).
-    Joined { session_id: String, rejoined: bool },
-    /// The coordinator went away (or the link broke): decide alone until it is back.
-    Lost { why: String },
-    /// The coordinator refused this node (another job, a duplicate node, a late join, another version).
-    Refused { why: String },
-    /// What listens at the coordinator's address did not prove the job's key (another job's coordinator, another
-    /// token file, or someone else on the port): nothing was sent to it.
-    NotTheJobs { why: String },
-    /// Take a roll call of this node and answer with [`Answers::answer`] within `deadline`.
-    RollCallOrdered {
-        roll_call_id: u64,
-        deadline: Duration,
-        /// Mounts to probe besides those this node's stuck ranks use.
-        probe_mounts: Vec<String>,
-    },
-    /// End the job's ranks on this node; the verdict is the job's, from every node's observations.
-    TerminateOrdered {
-        reason: String,
-        verdict: Option<Box<Verdict>>,
-    },
 }
 
 struct Shared {

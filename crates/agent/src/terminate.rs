@@ -1,11 +1,15 @@
 //! Ending a job fast: SIGTERM to every process group, a grace period, SIGKILL, and then no more waiting: a process
-//! still alive (in D state, a SIGKILL cannot take effect until its call returns) is reported as unkillable.
+//! still alive (in D state, a SIGKILL cannot take effect until its call returns) is reported as unkillable. Also
+//! the worker that runs it, which processes cannot act on SIGTERM, and what the verdict and the user are told.
 
 use std::time::{Duration, Instant};
 
-use hangwatch_model::StuckThread;
+use hangwatch_model::{StuckThread, Verdict};
+use hangwatch_proc::ProcFs;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+
+use crate::human::say;
 
 /// A process of the job that hangwatch may signal (its own child, or a rank found below it).
 pub trait JobProcess {
@@ -264,6 +268,121 @@ pub fn terminate<P: JobProcess>(
     }
     report.elapsed = started.elapsed();
     report
+}
+
+/// [`terminate`] in a worker thread that reads /proc itself; `done` gets the report. `stuck`: the pids the verdict
+/// found blocked in the kernel (see [`stuck_pids`]).
+pub fn spawn_termination<P: JobProcess + Send + 'static>(
+    mut procs: Vec<P>,
+    grace: Duration,
+    kill_wait: Duration,
+    stuck: Vec<i32>,
+    done: impl FnOnce(TerminationReport) + Send + 'static,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("hw-terminate".into())
+        .spawn(move || {
+            let procfs = ProcFs::new("/proc");
+            let cannot_act = |pid: i32| cannot_act_on_term(&procfs, &stuck, pid);
+            let report = terminate(&mut procs, grace, kill_wait, &cannot_act, |pid| {
+                remains(&procfs, pid)
+            });
+            done(report);
+        })
+        .map(|_| ())
+}
+
+/// Processes `verdict` found blocked in the kernel: a culprit in D, or waiting on a filesystem that did not answer
+/// its probe. They cannot act on SIGTERM until their call returns. A job-wide verdict names processes of every
+/// node: pids are this node's (`node`) only where the node is.
+pub fn stuck_pids(verdict: Option<&Verdict>, node: Option<&str>) -> Vec<i32> {
+    let Some(verdict) = verdict else {
+        return Vec::new();
+    };
+    let unresponsive = |mount: &Option<String>| {
+        mount.as_ref().is_some_and(|m| {
+            verdict
+                .filesystems
+                .iter()
+                .any(|f| &f.mount == m && f.responsive == Some(false))
+        })
+    };
+    let here = |culprit: &Option<String>| {
+        culprit.is_none() || node.is_none() || culprit.as_deref() == node
+    };
+    verdict
+        .culprits
+        .iter()
+        .filter(|c| here(&c.node))
+        .filter(|c| c.state == "D" || unresponsive(&c.mount))
+        .map(|c| c.pid)
+        .collect()
+}
+
+/// Whether `pid` cannot act on SIGTERM: the verdict found it blocked in the kernel (`stuck`), or it is a launcher
+/// (torchrun) whose only live descendants are such processes — it waits for them and would hold the grace for
+/// nothing. Zombies do not count: a rank in D cannot reap its exited DataLoader workers.
+pub fn cannot_act_on_term(procfs: &ProcFs, stuck: &[i32], pid: i32) -> bool {
+    if stuck.is_empty() {
+        return false;
+    }
+    if stuck.contains(&pid) {
+        return true;
+    }
+    let live: Vec<i32> = procfs
+        .descendants(pid)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|d| procfs.stat(*d).is_ok_and(|s| s.state != 'Z'))
+        .collect();
+    !live.is_empty() && live.iter().all(|d| stuck.contains(d))
+}
+
+/// What /proc shows of a process that SIGKILL did not end (safe reads: stat of each task).
+fn remains(procfs: &ProcFs, pid: i32) -> Remains {
+    Remains {
+        state: procfs.stat(pid).ok().map(|s| s.state),
+        threads: procfs
+            .list_threads(pid)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|tid| {
+                procfs
+                    .task_stat(pid, tid)
+                    .ok()
+                    .map(|s| (tid, s.comm, s.state))
+            })
+            .collect(),
+    }
+}
+
+/// Adds what `report` says the termination did to `verdict` (the ranks by `rank_of`), and says which processes
+/// could not be killed and that `node` must be drained.
+pub fn report_termination(
+    verdict: Option<&mut Verdict>,
+    report: &TerminationReport,
+    node: &str,
+    rank_of: impl Fn(i32) -> Option<u32>,
+) {
+    for u in &report.unkillable {
+        say(format!(
+            "hangwatch: {}: not waiting for it; drain or reboot {node}",
+            u.words()
+        ));
+    }
+    let Some(verdict) = verdict else {
+        return;
+    };
+    verdict.actions.extend(termination_actions(report, rank_of));
+    if !report.unkillable.is_empty() {
+        verdict.recommendations.insert(
+            0,
+            format!(
+                "processes of this job are stuck in the kernel and cannot be killed: drain {node} (or reboot it) \
+                 and restart the job elsewhere"
+            ),
+        );
+    }
 }
 
 /// Signals each process's group, and the process itself (one that left its group with setsid still gets it).

@@ -1,0 +1,209 @@
+//! Before the loop: the event channel and its sources (signals, the heartbeat socket in a private node-local
+//! directory, the beat slots, the coordinator link), the job launched and its output drained, the sampler, the
+//! detector and the policy: a [`Supervisor`] ready to run.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::*;
+use crate::heartbeat::HeartbeatSocket;
+use crate::sources::SignalThread;
+
+/// What outlives the loop until the run's very end.
+pub(super) struct Wiring {
+    signals: SignalThread,
+    socket: HeartbeatSocket,
+    runtime: tempfile::TempDir,
+    /// Rank output streams not drained to their end yet.
+    open_streams: Arc<AtomicU64>,
+}
+
+impl Wiring {
+    /// Whether a rank's output is still being drained.
+    pub(super) fn streams_open(&self) -> bool {
+        self.open_streams.load(Ordering::SeqCst) > 0
+    }
+
+    /// Stops the signal thread, then removes the heartbeat socket and its private directory.
+    pub(super) fn close(self) {
+        self.signals.close();
+        drop(self.socket);
+        drop(self.runtime);
+    }
+}
+
+impl Supervisor {
+    /// Sets up everything the loop listens to and launches the job.
+    pub(super) fn start(
+        config: RunConfig,
+    ) -> Result<(Supervisor, Receiver<Event>, Wiring), RunError> {
+        let (tx, rx) = sync_channel::<Event>(EVENT_CAPACITY);
+        let signals = install_signals(tx.clone()).map_err(RunError::Signals)?;
+        // The socket lives in a private node-local directory, never in the report directory: a report directory on a
+        // filesystem that froze would block its bind, and its unlink at exit (in D, hangwatch could not exit).
+        let runtime = runtime_dir().map_err(|source| RunError::Socket {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+        let socket_path = runtime.path().join("hb.sock");
+        let board = Arc::new(ProgressBoard::new());
+        let members = Arc::new(JobMembers::new());
+        let heartbeat = HeartbeatContext {
+            events: tx.clone(),
+            board: Arc::clone(&board),
+            members: Arc::clone(&members),
+            sink: config.sink.clone(),
+        };
+        let socket = crate::heartbeat::start(&socket_path, heartbeat).map_err(|source| {
+            RunError::Socket {
+                path: socket_path.clone(),
+                source,
+            }
+        })?;
+        let mut launch_spec = config.launch.clone();
+        launch_spec.socket = Some(socket.path().to_path_buf());
+        // Beats without a system call: a slot per local rank in the same private directory.
+        let beat_slots = crate::beats::BeatSlots::create(&runtime.path().join("beats"))
+            .map_err(
+                |e| tracing::warn!(error = %e, "no shared-memory beat slots: ranks beat by datagram"),
+            )
+            .ok();
+        launch_spec.beats = beat_slots.as_ref().map(|b| b.path().to_path_buf());
+        let kernel_log = KernelLog::follow();
+        let console = config.console.map(Console::start);
+        let tails = Arc::new(Tails::new(200));
+        let open_streams = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let program =
+            hangwatch_child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
+        let reaper = Reaper::start(&program)
+            .map_err(|e| {
+                tracing::warn!(error = %e, "cannot start the job reaper: if hangwatch is killed, processes of the job below its ranks may outlive it")
+            })
+            .ok();
+        // Stack readers prepared while the job is healthy, so that a roll call reads only the stacks.
+        let stack_readers = PreparedStacks::start(
+            program.clone(),
+            hangwatch_inspect::pystack::default_parallelism(),
+        )
+        .map_err(
+            |e| tracing::warn!(error = %e, "no prepared stack readers: roll calls read stacks cold"),
+        )
+        .ok();
+        let start = Instant::now();
+        let launched = launch(&launch_spec)?;
+        for l in &launched {
+            members.register_live(l.pid, l.rank);
+        }
+        let tree_mode = launch_spec.nproc.is_none();
+        let ctx = DrainContext {
+            board: Arc::clone(&board),
+            sink: config.sink.clone(),
+            console: console.clone(),
+            tails: Arc::clone(&tails),
+            prefix: config.prefix,
+            open_streams: Arc::clone(&open_streams),
+        };
+        let procfs = ProcFs::new("/proc");
+        let mut procs = Vec::new();
+        for Launched {
+            child,
+            pid,
+            rank,
+            stdout,
+            stderr,
+        } in launched
+        {
+            if let Some(out) = stdout {
+                drain(out, rank, Stream::Stdout, ctx.clone());
+            }
+            if let Some(err) = stderr {
+                drain(err, rank, Stream::Stderr, ctx.clone());
+            }
+            procs.push(JobProc {
+                waited: Some(wait_in_background(child)),
+                pid,
+                pgid: pid,
+                start: procfs.stat(pid).ok().map(|s| s.starttime),
+                rank,
+                // `--nproc` gives each rank its RANK.
+                rank_source: rank.map(|_| RankSource::EnvRank),
+                exit: None,
+                exited_at: None,
+                discovered: false,
+                identity: crate::death::RankIdentity::read(&procfs, pid),
+            });
+        }
+        drop(ctx);
+        let prober = Prober::new()
+            .map_err(|e| tracing::warn!(error = %e, "filesystem probes unavailable"))
+            .ok();
+        let link = match config.coordinator.clone() {
+            Some(link_config) => {
+                let addr = link_config.addr.clone();
+                match Link::start(link_config, tx.clone()) {
+                    Ok(link) => Some(link),
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot start the coordinator link");
+                        say(format!("hangwatch: error: cannot start the link to the coordinator at {addr} ({e}); this node decides alone"));
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        let witnesses =
+            crate::death::Witnesses::of_this_node(kernel_log.clone(), Arc::clone(&tails));
+        let detector = Detector::new(config.detector.clone(), Duration::ZERO);
+        let policy = policy_of(&config);
+        let sampler = Sampler::new(SamplerParts {
+            procs,
+            tree_mode,
+            prober,
+            members: Arc::clone(&members),
+            events: tx.clone(),
+            reaper,
+            stack_readers,
+            node_rank: config.coordinator.as_ref().map(|c| c.node_rank),
+        });
+        let workers = Box::new(Threads {
+            events: tx.clone(),
+            program: program.clone(),
+            report_dir: config.report_dir.clone(),
+        });
+        let sup = Supervisor {
+            config,
+            workers,
+            sampler,
+            detector,
+            policy,
+            start,
+            kernel_log,
+            tails,
+            console,
+            events: tx,
+            board,
+            members,
+            last_verdict: None,
+            bundle: None,
+            termination: None,
+            heartbeats: Arc::clone(&socket.stats),
+            program,
+            last_step: None,
+            link,
+            beat_slots,
+            last_slot_look: None,
+            own_events: VecDeque::new(),
+            linked: false,
+            ordered_observations: None,
+            ordered_verdict: None,
+            timeline: crate::timeline::TimelineRecorder::new(unix_time_of(start)),
+            witnesses,
+        };
+        let wiring = Wiring {
+            signals,
+            socket,
+            runtime,
+            open_streams,
+        };
+        Ok((sup, rx, wiring))
+    }
+}
