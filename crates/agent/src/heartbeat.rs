@@ -484,37 +484,4 @@ mod tests {
             (Some(2), true, "save")
         );
     }
-
-    /// A benchmark, not a check: how many datagrams a second the receiver takes from a member (credentials,
-    /// membership, parsing, board). `cargo test -p hangwatch-agent --release --lib -- --ignored --nocapture
-    /// receiver_throughput`.
-    #[test]
-    #[ignore]
-    fn receiver_throughput() {
-        let members = JobMembers::new();
-        assert!(members.register_live(std::process::id() as i32, Some(0)));
-        let (_dir, socket, board, _rx) = socket_with(members);
-        let client = UnixDatagram::unbound().unwrap();
-        client.set_nonblocking(true).unwrap();
-        let n = 200_000u64;
-        let started = Instant::now();
-        let mut sent = 0;
-        while sent < n {
-            let msg = format!("hw1 beat 0 1 {} {}", sent + 1, sent);
-            match client.send_to(msg.as_bytes(), socket.path()) {
-                Ok(_) => sent += 1,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
-                Err(e) => panic!("{e}"),
-            }
-        }
-        wait_received(&socket, n);
-        let took = started.elapsed();
-        let updates = board.take_updates();
-        println!(
-            "{n} beats in {:.2}s: {:.0} datagrams/s; the loop would take {} update(s)",
-            took.as_secs_f64(),
-            n as f64 / took.as_secs_f64(),
-            updates.len()
-        );
-    }
 }

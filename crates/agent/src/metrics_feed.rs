@@ -358,41 +358,4 @@ mod tests {
         .unwrap();
         assert_eq!(std::fs::read_to_string(path).unwrap(), "a 1\n");
     }
-
-    /// The CPU cost of one tick's feed, printed (no assertion): `cargo test --release -p hangwatch-agent --lib
-    /// feed_cost -- --ignored --nocapture`.
-    #[test]
-    #[ignore = "a measurement, not a check"]
-    fn feed_cost() {
-        for ranks in [8u32, 64, 1024] {
-            let mut detector = Detector::new(DetectorConfig::default(), s(0.0));
-            for r in 0..ranks {
-                detector.progress(Some(r), ProgressSource::Heartbeat, s(1.0));
-            }
-            let metrics = AgentMetrics::new("j", "n");
-            let prober = Mutex::new(None);
-            let counts = crate::heartbeat::HeartbeatStats::default().counts();
-            let rounds = 500u32;
-            let started = std::time::Instant::now();
-            for t in 0..rounds {
-                feed(
-                    &metrics,
-                    FeedInput {
-                        detector: &detector,
-                        now: s(2.0 + f64::from(t) * 0.2),
-                        ranks: (0..ranks).map(|r| (r, false)).collect(),
-                        heartbeats: counts,
-                        progress_dropped: 0,
-                        console_dropped: Some(0),
-                        prober: &prober,
-                    },
-                );
-            }
-            let per_tick = started.elapsed() / rounds;
-            eprintln!(
-                "{ranks:>5} ranks: feed per tick {:.1} us",
-                per_tick.as_secs_f64() * 1e6
-            );
-        }
-    }
 }

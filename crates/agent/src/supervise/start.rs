@@ -72,8 +72,7 @@ impl Supervisor {
         let console = config.console.map(Console::start);
         let tails = Arc::new(Tails::new(200));
         let open_streams = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let program =
-            hangwatch_child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
+        let program = hangwatch_child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
         let reaper = Reaper::start(&program)
             .map_err(|e| {
                 tracing::warn!(error = %e, "cannot start the job reaper: if hangwatch is killed, processes of the job below its ranks may outlive it")
