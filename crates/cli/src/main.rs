@@ -2,6 +2,7 @@
 
 mod alerts;
 mod commands;
+mod config;
 mod dirs;
 mod duration;
 mod exit;
@@ -15,7 +16,7 @@ mod storage_wait;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Watches a training job from outside, names the rank that holds everyone up and why, and fails the job fast.
 #[derive(Debug, Parser)]
@@ -24,6 +25,10 @@ struct Cli {
     /// More log output on stderr (-v: debug, -vv: trace). `HANGWATCH_LOG` (tracing filter syntax) overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+    /// Read this configuration file instead of /etc/hangwatch/config.toml (docs/configuration.md); before the
+    /// command's name.
+    #[arg(long, value_name = "FILE", env = "HANGWATCH_CONFIG")]
+    config: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -46,6 +51,9 @@ enum Command {
     Doctor(commands::doctor::Args),
     /// The seed incident on this machine: a rank logging to a filesystem that freezes.
     Demo(commands::demo::Args),
+    /// Every option's effective value and where it comes from (the site's and your configuration files, the
+    /// environment, defaults).
+    Config(commands::config::Args),
     /// An evidence bundle as one HTML page for people: verdict, every rank, culprit, probes, kernel log, timeline.
     Report(commands::report::Args),
     /// Internal: read Python stacks and environment of rank processes in a throwaway child (used by dump).
@@ -58,6 +66,9 @@ enum Command {
     /// roll call).
     #[command(name = "__read-maps", hide = true)]
     ReadMaps(commands::read_maps::Args),
+    /// Internal: read the configuration files in a throwaway child (a home directory on a stopped filesystem).
+    #[command(name = "__read-config", hide = true)]
+    ReadConfig(commands::read_config::Args),
     /// Internal: exec an external program (scontrol, sbatch, an alert's shell) from a child hangwatch can abandon
     /// if the exec itself blocks on a stopped filesystem.
     #[command(name = "__exec", hide = true)]
@@ -86,10 +97,18 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    output::init_tracing(cli.verbose);
     hangwatch_child::start_external_programs_through_hangwatch();
     hangwatch_child::judge_binary_filesystem_with(hangwatch_inspect::reexec::binary_is_remote);
+    let (cli, loaded) = match parse() {
+        Ok(parsed) => parsed,
+        Err(err) => return exit::finish(Err(err)),
+    };
+    output::init_tracing(cli.verbose);
+    if let Some(loaded) = &loaded {
+        for (path, why) in &loaded.skipped {
+            tracing::warn!(file = %path.display(), reason = %why, "configuration file skipped");
+        }
+    }
     if !is_internal(&cli.command) {
         raise_open_file_limit();
     }
@@ -104,12 +123,17 @@ fn main() -> ExitCode {
         Command::Probe(args) => commands::probe::run(args),
         Command::Coordinator(args) => commands::coordinator::run(*args),
         Command::Report(args) => commands::report::run(args),
+        Command::Config(args) => match &loaded {
+            Some(loaded) => commands::config::run(args, loaded),
+            None => Err(anyhow::anyhow!("the configuration was not loaded")),
+        },
         Command::Doctor(args) => commands::doctor::run(args),
         Command::History(args) => commands::history::run(args),
         Command::InspectChild(args) => commands::inspect_child::run(args),
         Command::ReadStrings(args) => commands::read_strings::run(args),
         Command::ReadMaps(args) => commands::read_maps::run(args),
         Command::Exec(args) => commands::exec::run(args),
+        Command::ReadConfig(args) => commands::read_config::run(args),
         Command::ProbeChild(args) => commands::probe::run_child(args),
         Command::LogWriter(args) => commands::log_writer::run(args),
         Command::JobReaper(args) => commands::job_children::run_reaper(args),
@@ -119,6 +143,24 @@ fn main() -> ExitCode {
         Command::WriteTextfile(args) => commands::metrics::run_textfile_writer(args),
     };
     exit::finish(result)
+}
+
+/// The command line, with the configuration files and `HANGWATCH_*` variables under it for the public commands.
+/// The `__` helpers `run` starts take only their command line (they read no file: a stopped home directory must
+/// not hold them, and they must do exactly what their parent said).
+fn parse() -> anyhow::Result<(Cli, Option<config::Loaded>)> {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let helper = argv
+        .get(1)
+        .is_some_and(|a| a.to_string_lossy().starts_with("__"));
+    if helper {
+        return Ok((Cli::parse_from(&argv), None));
+    }
+    let env = |name: &str| std::env::var(name).ok();
+    let loaded = config::load(Cli::command(), &argv, &env)?;
+    let matches = loaded.root.clone().get_matches_from(&argv);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    Ok((cli, Some(loaded)))
 }
 
 /// Most open files the soft limit is raised to.
@@ -170,10 +212,12 @@ fn command_name(command: &Command) -> &'static str {
         Command::Doctor(_) => "doctor",
         Command::Demo(_) => "demo",
         Command::Report(_) => "report",
+        Command::Config(_) => "config",
         Command::InspectChild(_) => "__inspect-child",
         Command::ReadStrings(_) => "__read-strings",
         Command::ReadMaps(_) => "__read-maps",
         Command::Exec(_) => "__exec",
+        Command::ReadConfig(_) => "__read-config",
         Command::ProbeChild(_) => "__probe-child",
         Command::LogWriter(_) => "__log-writer",
         Command::JobReaper(_) => "__job-reaper",
@@ -181,5 +225,74 @@ fn command_name(command: &Command) -> &'static str {
         Command::RecordHistory(_) => "__record-history",
         Command::ShipHistory(_) => "__ship-history",
         Command::WriteTextfile(_) => "__write-textfile",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Variables hangwatch sets for others (the ranks, a requeued attempt, an alert command) or reads for itself:
+    /// none may also be an option's variable, or a nested hangwatch would take it as a setting.
+    const SET_FOR_OTHERS: &[&str] = &[
+        "HANGWATCH_SOCKET",
+        "HANGWATCH_BEATS",
+        "HANGWATCH_ATTEMPT",
+        "HANGWATCH_PREVIOUS_VERDICT",
+        "HANGWATCH_EXCLUDED_NODES",
+        "HANGWATCH_KIND",
+        "HANGWATCH_STAGE",
+        "HANGWATCH_SUMMARY",
+        "HANGWATCH_EVIDENCE",
+        "HANGWATCH_LOG",
+        "HANGWATCH_STATE_DIR",
+        "HANGWATCH_CONFIG",
+    ];
+
+    #[test]
+    fn every_option_of_the_public_commands_has_its_own_variable_and_no_helper_takes_any() {
+        let root = config::with_environment_names(Cli::command());
+        let mut seen = std::collections::BTreeSet::new();
+        for command in root.get_subcommands() {
+            for arg in command.get_arguments() {
+                let variable = arg.get_env().map(|v| v.to_string_lossy().into_owned());
+                if command.is_hide_set() {
+                    assert_eq!(
+                        variable,
+                        None,
+                        "{} --{:?}",
+                        command.get_name(),
+                        arg.get_long()
+                    );
+                    continue;
+                }
+                let Some(variable) = variable else { continue };
+                assert!(
+                    !SET_FOR_OTHERS.contains(&variable.as_str()),
+                    "{} --{:?} would be set by {variable}, which hangwatch sets for others",
+                    command.get_name(),
+                    arg.get_long()
+                );
+                seen.insert(variable);
+            }
+        }
+        for wanted in [
+            "HANGWATCH_STALL_AFTER",
+            "HANGWATCH_ACTION",
+            "HANGWATCH_WEBHOOK_FILE",
+            "HANGWATCH_LISTEN",
+        ] {
+            assert!(seen.contains(wanted), "{wanted} missing from {seen:?}");
+        }
+    }
+
+    #[test]
+    fn the_shipped_example_configuration_is_valid_for_this_binary() {
+        let path = std::path::Path::new("contrib/config.toml");
+        let text = include_str!("../../../contrib/config.toml");
+        let file = config::ConfigFile::parse(path, text).expect("parses");
+        let root = config::with_environment_names(Cli::command());
+        config::FileSettings::resolve(&root, &[file])
+            .expect("every key is an option with a valid value");
     }
 }

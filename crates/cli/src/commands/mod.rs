@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod config;
 pub mod coordinator;
 pub mod demo;
 pub mod doctor;
@@ -14,6 +15,7 @@ pub mod log_writer;
 pub mod metrics;
 pub mod own_output;
 pub mod probe;
+pub mod read_config;
 pub mod read_maps;
 pub mod read_strings;
 pub mod report;
