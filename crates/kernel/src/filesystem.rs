@@ -201,6 +201,43 @@ pub fn is_pseudo_fstype(fstype: &str) -> bool {
     is_virtual_fstype(fstype) || MEMORY_FSTYPES.contains(&fstype) || fstype == "autofs"
 }
 
+/// Filesystem types served over the network, whose mount source names the same filesystem on every node
+/// (`server:/export`, a GPFS or Lustre filesystem's name).
+pub const NETWORK_FSTYPES: &[&str] = &[
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "ceph",
+    "glusterfs",
+    "9p",
+    "pvfs2",
+    "orangefs",
+    "wekafs",
+    "afs",
+    "davfs",
+];
+
+/// Whether a filesystem type is served by a user-space daemon (FUSE): its source is whatever the daemon chose.
+pub fn is_fuse_fstype(fstype: &str) -> bool {
+    fstype == "fuse" || fstype.starts_with("fuse.") || fstype == "fuseblk"
+}
+
+/// Whether a filesystem type is served over the network (see [`NETWORK_FSTYPES`]); FUSE is not.
+pub fn is_network_fstype(fstype: &str) -> bool {
+    NETWORK_FSTYPES.contains(&fstype)
+}
+
+/// Whether a filesystem can stop answering while the node is fine: network filesystems and FUSE. hangwatch keeps
+/// its evidence, spill files and its own binary off them.
+pub fn is_remote_fstype(fstype: &str) -> bool {
+    is_network_fstype(fstype) || is_fuse_fstype(fstype)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,7 +34,7 @@ pub fn filesystem_id(
         .and_then(|m| relative_to(&mount.root, &m.root).map(|rest| join(&m.mount_point, rest)));
     let host_mount = whole.map(|m| m.mount_point.clone());
     let key =
-        if is_network_fstype(&mount.fstype) && !mount.source.is_empty() && mount.source != "none" {
+        if hangwatch_kernel::filesystem::is_network_fstype(&mount.fstype) && !mount.source.is_empty() && mount.source != "none" {
             format!("{} {}", mount.fstype, mount.source)
         } else if let Some(host) = &host_mount {
             host.clone()
@@ -61,13 +61,6 @@ pub const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";
 /// Whether `link` (`readlink /proc/PID/ns/pid`) is the node's own pid namespace.
 pub fn is_initial_pid_namespace(link: &str) -> bool {
     link.trim() == INITIAL_PID_NAMESPACE
-}
-
-/// A filesystem served over the network whose mount source names it on every node (`server:/export`, a GPFS or
-/// Lustre filesystem's name). FUSE is not one: its source is whatever the daemon chose.
-pub fn is_network_fstype(fstype: &str) -> bool {
-    crate::is_remote_fstype(fstype)
-        && !(fstype == "fuse" || fstype.starts_with("fuse.") || fstype == "fuseblk")
 }
 
 /// `path` below `base` (both absolute, whole components), as the rest after `base`: `Some("")` when equal.

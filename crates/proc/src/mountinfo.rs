@@ -92,34 +92,8 @@ impl Mount {
     /// Whether the filesystem is shared over the network or served by a user-space daemon (FUSE): it can stop
     /// answering while the node is fine, so hangwatch keeps its evidence, spill files and its own binary off it.
     pub fn is_remote(&self) -> bool {
-        is_remote_fstype(&self.fstype)
+        hangwatch_kernel::filesystem::is_remote_fstype(&self.fstype)
     }
-}
-
-/// See [`Mount::is_remote`].
-pub fn is_remote_fstype(fstype: &str) -> bool {
-    const REMOTE: &[&str] = &[
-        "nfs",
-        "nfs4",
-        "cifs",
-        "smb3",
-        "smbfs",
-        "lustre",
-        "gpfs",
-        "beegfs",
-        "ceph",
-        "glusterfs",
-        "9p",
-        "pvfs2",
-        "orangefs",
-        "wekafs",
-        "afs",
-        "davfs",
-    ];
-    REMOTE.contains(&fstype)
-        || fstype == "fuse"
-        || fstype.starts_with("fuse.")
-        || fstype == "fuseblk"
 }
 
 fn is_under(path: &str, mount_point: &str) -> bool {
