@@ -262,17 +262,7 @@ pub fn alertmanager_endpoint(url: &str) -> String {
     }
 }
 
-/// Seconds since the epoch as RFC 3339 (UTC), as Alertmanager wants its times.
-pub fn rfc3339(unix_s: f64) -> String {
-    let nanos = (unix_s * 1e9) as i128;
-    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
-}
+pub use hangwatch_model::rfc3339;
 
 #[cfg(test)]
 mod tests {

@@ -403,15 +403,7 @@ pub fn refuse_planted(dir: &PrivateDir, names: &[&str]) -> Result<(), SafeFsErro
     Ok(())
 }
 
-/// `20261129T214500Z` from seconds since the epoch.
-pub fn utc_stamp(secs: u64) -> String {
-    let format = time::macros::format_description!("[year][month][day]T[hour][minute][second]Z");
-    i64::try_from(secs)
-        .ok()
-        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
-        .and_then(|t| t.format(&format).ok())
-        .unwrap_or_else(|| format!("{secs}s"))
-}
+pub use hangwatch_model::utc_stamp;
 
 #[cfg(test)]
 mod tests {
@@ -421,13 +413,6 @@ mod tests {
 
     fn all_local(_: &Path) -> bool {
         true
-    }
-
-    #[test]
-    fn utc_stamp_is_a_calendar_date() {
-        assert_eq!(utc_stamp(0), "19700101T000000Z");
-        assert_eq!(utc_stamp(1_795_988_366), "20261129T213926Z");
-        assert_eq!(utc_stamp(951_782_400), "20000229T000000Z");
     }
 
     #[test]

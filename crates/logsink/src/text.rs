@@ -19,14 +19,8 @@ pub fn human_bytes(bytes: u64) -> String {
 
 /// `2026-12-01 06:40:12 UTC` (to the second; a time before 1970 prints as the epoch).
 pub fn utc_time(t: SystemTime) -> String {
-    let format =
-        time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second] UTC");
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    i64::try_from(secs)
-        .ok()
-        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
-        .and_then(|t| t.format(&format).ok())
-        .unwrap_or_else(|| format!("{secs} s after the epoch"))
+    hangwatch_model::utc_time(secs as f64)
 }
 
 #[cfg(test)]

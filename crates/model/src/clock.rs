@@ -27,6 +27,42 @@ pub fn utc_time(unix_s: f64) -> String {
         .unwrap_or_else(|| format!("{unix_s}s since 1970"))
 }
 
+/// `20261129T214500Z`: a UTC time in names (run directories), sorting as it reads; the raw seconds when out of range.
+pub fn utc_stamp(unix_s: u64) -> String {
+    WallTime::from_unix_utc(unix_s as f64)
+        .map(|w| {
+            format!(
+                "{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+                w.year.unwrap_or_default(),
+                w.month,
+                w.day,
+                w.hour,
+                w.minute,
+                w.second
+            )
+        })
+        .unwrap_or_else(|| format!("{unix_s}s"))
+}
+
+/// `2026-11-29T21:45:00.5Z` (RFC 3339, UTC, the fraction only when there is one), as Alertmanager wants its
+/// times; the epoch when out of range.
+pub fn rfc3339(unix_s: f64) -> String {
+    WallTime::from_unix_utc(unix_s)
+        .map(|w| {
+            let whole = WallTime {
+                micros: None,
+                offset_minutes: None,
+                ..w
+            };
+            let fraction = match w.micros {
+                Some(us) if us > 0 => format!(".{us:06}").trim_end_matches('0').to_string(),
+                _ => String::new(),
+            };
+            format!("{whole}{fraction}Z")
+        })
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
+}
+
 /// `1.5s`, `300ms`, `2m`: the shortest honest rendering, for messages and logs (near-whole seconds read as whole).
 /// The other forms: [`format_limit`] (exact), [`duration_text`] (reports), [`coarse_duration_text`] (settings).
 pub fn format_duration(d: std::time::Duration) -> String {
@@ -427,6 +463,16 @@ fn civil_from_days(z: i64) -> (i32, u8, u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stamps_and_rfc3339_are_the_same_civil_time_in_other_forms() {
+        assert_eq!(utc_stamp(0), "19700101T000000Z");
+        assert_eq!(utc_stamp(1_795_988_366), "20261129T213926Z");
+        assert_eq!(utc_stamp(951_782_400), "20000229T000000Z");
+        assert_eq!(rfc3339(1_795_988_366.0), "2026-11-29T21:39:26Z");
+        assert_eq!(rfc3339(1_795_988_366.25), "2026-11-29T21:39:26.25Z");
+        assert_eq!(utc_time(1_795_988_366.9), "2026-11-29 21:39:26 UTC");
+    }
 
     #[test]
     fn compact_durations_for_messages() {

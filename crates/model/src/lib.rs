@@ -18,8 +18,8 @@ mod verdict;
 
 pub use alerting::{NotSentReason, TargetKind};
 pub use clock::{
-    coarse_duration_text, duration_text, format_duration, format_limit, parse_iso, unix_now,
-    utc_time, WallTime, WallTimeParseError,
+    coarse_duration_text, duration_text, format_duration, format_limit, parse_iso, rfc3339,
+    unix_now, utc_stamp, utc_time, WallTime, WallTimeParseError,
 };
 pub use death::RankDeath;
 pub use errors::error_chain;

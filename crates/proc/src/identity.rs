@@ -33,14 +33,16 @@ pub fn filesystem_id(
     let host_path = holding
         .and_then(|m| relative_to(&mount.root, &m.root).map(|rest| join(&m.mount_point, rest)));
     let host_mount = whole.map(|m| m.mount_point.clone());
-    let key =
-        if hangwatch_kernel::filesystem::is_network_fstype(&mount.fstype) && !mount.source.is_empty() && mount.source != "none" {
-            format!("{} {}", mount.fstype, mount.source)
-        } else if let Some(host) = &host_mount {
-            host.clone()
-        } else {
-            format!("{} dev {device}", mount.fstype)
-        };
+    let key = if hangwatch_kernel::filesystem::is_network_fstype(&mount.fstype)
+        && !mount.source.is_empty()
+        && mount.source != "none"
+    {
+        format!("{} {}", mount.fstype, mount.source)
+    } else if let Some(host) = &host_mount {
+        host.clone()
+    } else {
+        format!("{} dev {device}", mount.fstype)
+    };
     FilesystemId {
         key,
         device,

@@ -33,20 +33,18 @@ pub use environ::{parse_environ, Environ, RankEnv, LAUNCHER_VARIABLES};
 pub use error::{ParseError, ReadError};
 pub use fdinfo::{parse_fdinfo, FdInfo};
 pub use hangwatch_kernel::filesystem::is_pseudo_fstype;
+/// Which filesystem types can stop answering while the node is fine: the kernel crate's knowledge, here for the
+/// readers of mount tables.
+pub use hangwatch_kernel::filesystem::is_remote_fstype;
 /// The system call tables are kernel knowledge (`hangwatch-kernel`); named here for the callers of the reader.
 pub use hangwatch_kernel::syscall::{
     file_arg, syscall_name, syscall_name_for, Arch, FileArg, AT_FDCWD,
 };
-pub use identity::{
-    filesystem_id, is_initial_pid_namespace, INITIAL_PID_NAMESPACE,
-};
+pub use identity::{filesystem_id, is_initial_pid_namespace, INITIAL_PID_NAMESPACE};
 pub use io::{parse_io, IoCounters};
 pub use kernel::{parse_stack, parse_wchan};
 pub use maps::{mapped_files, parse_maps, Mapping, MAX_MAPPED_FILES};
 pub use mountinfo::{parse_mountinfo, unescape, Mount, MountTable};
-/// Which filesystem types can stop answering while the node is fine: the kernel crate's knowledge, here for the
-/// readers of mount tables.
-pub use hangwatch_kernel::filesystem::is_remote_fstype;
 pub use observe::{decode_syscall, observe_process, observe_threads, ProcessSample, ThreadSample};
 pub use reader::{FileResolver, ProcFs};
 pub use resolve::{resolve_file_ref, FileTarget};

@@ -84,15 +84,8 @@ fn state_class(state: &str) -> &'static str {
     }
 }
 
-/// Seconds since the epoch as a UTC date and time.
-pub fn time_text(unix_s: f64) -> String {
-    let format =
-        time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second] UTC");
-    time::OffsetDateTime::from_unix_timestamp(unix_s.floor() as i64)
-        .ok()
-        .and_then(|t| t.format(&format).ok())
-        .unwrap_or_else(|| format!("{unix_s:.0} s after the epoch"))
-}
+/// Seconds since the epoch as a UTC date and time (model's one civil-time formatting).
+pub use hangwatch_model::utc_time as time_text;
 
 /// Each group's colour, by index into `verdict.groups`: groups that hold a culprit are hot, the others cool.
 fn group_colours(v: &Verdict) -> Vec<&'static str> {
