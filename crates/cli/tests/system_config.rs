@@ -28,6 +28,17 @@ fn write(path: &Path, text: &str) {
     std::fs::write(path, text).expect("the file written");
 }
 
+/// Runs `cmd` (a `run -- /bin/true`) and insists it succeeded; its output.
+fn succeeds(mut cmd: Command) -> std::process::Output {
+    let out = cmd.stdin(Stdio::null()).output().expect("hangwatch starts");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 fn option<'a>(doc: &'a Value, command: &str, key: &str) -> &'a Value {
     let options = doc["commands"]
         .as_array()
@@ -111,16 +122,9 @@ fn files_then_variables_then_flags_and_config_says_where_each_value_comes_from()
     assert_eq!(origin("coordinator", "alert_deadline").0, "20s");
 
     // `run` takes them: --json from the site's file (the summary on stdout), the user's report directory.
-    let out = configured(&system, &user_dir)
-        .args(["run", "--", "/bin/true"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut cmd = configured(&system, &user_dir);
+    cmd.args(["run", "--", "/bin/true"]);
+    let out = succeeds(cmd);
     let summary: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "json = true in the site's file gives a JSON summary: {e}: {}",
@@ -140,31 +144,17 @@ fn files_then_variables_then_flags_and_config_says_where_each_value_comes_from()
     // A variable beats both files; a flag beats the variable.
     let env_reports = dir.path().join("env-reports");
     let flag_reports = dir.path().join("flag-reports");
-    let out = configured(&system, &user_dir)
-        .env("HANGWATCH_REPORT_DIR", &env_reports)
-        .args(["run", "--", "/bin/true"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut cmd = configured(&system, &user_dir);
+    cmd.env("HANGWATCH_REPORT_DIR", &env_reports)
+        .args(["run", "--", "/bin/true"]);
+    succeeds(cmd);
     assert!(env_reports.join("output.log").exists());
-    let out = configured(&system, &user_dir)
-        .env("HANGWATCH_REPORT_DIR", &env_reports)
+    let mut cmd = configured(&system, &user_dir);
+    cmd.env("HANGWATCH_REPORT_DIR", &env_reports)
         .args(["run", "--report-dir"])
         .arg(&flag_reports)
-        .args(["--", "/bin/true"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .args(["--", "/bin/true"]);
+    succeeds(cmd);
     assert!(flag_reports.join("output.log").exists());
 }
 
