@@ -51,6 +51,8 @@ enum Command {
     Doctor(commands::doctor::Args),
     /// The seed incident on this machine: a rank logging to a filesystem that freezes.
     Demo(commands::demo::Args),
+    /// The Slurm job steps running on this machine and their ranks, found from outside the jobs.
+    Steps(commands::steps::Args),
     /// Every option's effective value and where it comes from (the site's and your configuration files, the
     /// environment, defaults).
     Config(commands::config::Args),
@@ -123,6 +125,7 @@ fn main() -> ExitCode {
         Command::Probe(args) => commands::probe::run(args),
         Command::Coordinator(args) => commands::coordinator::run(*args),
         Command::Report(args) => commands::report::run(args),
+        Command::Steps(args) => commands::steps::run(args),
         Command::Config(args) => match &loaded {
             Some(loaded) => commands::config::run(args, loaded),
             None => Err(anyhow::anyhow!("the configuration was not loaded")),
@@ -212,6 +215,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::Doctor(_) => "doctor",
         Command::Demo(_) => "demo",
         Command::Report(_) => "report",
+        Command::Steps(_) => "steps",
         Command::Config(_) => "config",
         Command::InspectChild(_) => "__inspect-child",
         Command::ReadStrings(_) => "__read-strings",

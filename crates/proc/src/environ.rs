@@ -63,10 +63,28 @@ pub struct RankEnv {
     pub torchelastic_run_id: Option<String>,
     /// `HANGWATCH_SOCKET`: where the rank's client sends heartbeats.
     pub hangwatch_socket: Option<String>,
+    /// Which Slurm job, step and node the process belongs to (`SLURM_JOB_ID`, `SLURM_STEP_ID`, absent in a batch
+    /// script, and `SLURMD_NODENAME`, which tells emulated nodes on one machine apart).
+    #[serde(default, skip_serializing_if = "SlurmTask::is_empty")]
+    pub slurm: SlurmTask,
     /// Every variable of [`LAUNCHER_VARIABLES`] that is set to a number: what `hangwatch_diagnosis::ranks` picks a
     /// rank from, in its own order.
     #[serde(default)]
     pub launcher: BTreeMap<String, u32>,
+}
+
+/// A Slurm task's identity from its environment (names and ids, never secrets).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmTask {
+    pub job_id: Option<String>,
+    pub step_id: Option<String>,
+    pub node_name: Option<String>,
+}
+
+impl SlurmTask {
+    pub fn is_empty(&self) -> bool {
+        self.job_id.is_none() && self.step_id.is_none() && self.node_name.is_none()
+    }
 }
 
 /// The numeric variables launchers set to say which rank a process is (torchrun, Lightning, Open MPI, PMIx, PMI,
@@ -115,6 +133,11 @@ impl RankEnv {
             slurm_procid: number(&["SLURM_PROCID"]),
             torchelastic_run_id: text("TORCHELASTIC_RUN_ID"),
             hangwatch_socket: text("HANGWATCH_SOCKET"),
+            slurm: SlurmTask {
+                job_id: text("SLURM_JOB_ID"),
+                step_id: text("SLURM_STEP_ID"),
+                node_name: text("SLURMD_NODENAME"),
+            },
             launcher: LAUNCHER_VARIABLES
                 .iter()
                 .filter_map(|k| Some(((*k).to_owned(), number(&[k])?)))

@@ -29,7 +29,7 @@ pub use cgroup::{
 };
 pub use clock::{clk_tck, DEFAULT_CLK_TCK};
 pub use cmdline::{is_multiprocessing_spawn, parse_cmdline};
-pub use environ::{parse_environ, Environ, RankEnv, LAUNCHER_VARIABLES};
+pub use environ::{parse_environ, Environ, RankEnv, SlurmTask, LAUNCHER_VARIABLES};
 pub use error::{ParseError, ReadError};
 pub use fdinfo::{parse_fdinfo, FdInfo};
 pub use hangwatch_kernel::filesystem::is_pseudo_fstype;

@@ -5,6 +5,8 @@
     reason = "each test binary uses a different part of the harness"
 )]
 
+pub mod slurm;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,268 @@
+//! The Slurm job steps running on this machine, found from outside the job: each `slurmstepd` and the tasks it
+//! started, told apart by their environment (`SLURM_JOB_ID`, `SLURM_STEP_ID`, `SLURMD_NODENAME`), and the ranks
+//! below those tasks by the rule `run` uses. What `hangwatch steps` prints and what a node service watches.
+//!
+//! The decision ([`steps_on_node`]) is pure over a process table and the tasks' Slurm identities; [`find_steps`]
+//! reads them: process states from /proc (never blocking), environments in throwaway children under a deadline
+//! (`environ` takes the process's memory-map lock, which a stuck task may hold).
+
+use std::collections::{BTreeMap, HashMap};
+
+use hangwatch_inspect::pystack::{read_environments, StackReadOptions};
+use hangwatch_inspect::ranks::RankFinder;
+use hangwatch_model::RankSource;
+use hangwatch_proc::{ProcFs, SlurmTask};
+use serde::Serialize;
+
+/// The process name of Slurm's step daemon.
+const STEP_DAEMON: &str = "slurmstepd";
+
+/// What the table says of one process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessRow {
+    pub pid: i32,
+    pub ppid: i32,
+    pub comm: String,
+    /// Its effective user: the job's owner for a task.
+    pub uid: Option<u32>,
+}
+
+/// One job step on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StepOnNode {
+    pub job_id: String,
+    /// Slurm's spelling: `batch` for the batch script, else the step's number.
+    pub step: String,
+    /// `SLURMD_NODENAME` of its tasks.
+    pub node: Option<String>,
+    /// The job owner's uid (its tasks' effective uid).
+    pub uid: Option<u32>,
+    /// The `slurmstepd` that started the tasks.
+    pub slurmstepd: i32,
+    /// The processes `slurmstepd` started for the step (srun's tasks, or the batch script's shell).
+    pub tasks: Vec<i32>,
+    /// The ranks below (or among) the tasks, in rank order; filled by [`find_steps`].
+    pub ranks: Vec<StepRank>,
+}
+
+impl StepOnNode {
+    /// `1234.0`, `1234.batch`: how Slurm names a step.
+    pub fn name(&self) -> String {
+        format!("{}.{}", self.job_id, self.step)
+    }
+}
+
+/// A rank of a step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StepRank {
+    pub pid: i32,
+    pub rank: u32,
+    pub local_rank: Option<u32>,
+    /// Where its number came from (`env:RANK`, `env:SLURM_PROCID`, ...).
+    pub source: RankSource,
+}
+
+/// The steps on this machine from its process table and the Slurm identities of `slurmstepd`'s children:
+/// `node` keeps only one emulated node's (several slurmd on one machine), `None` keeps all. A child of
+/// `slurmstepd` without `SLURM_JOB_ID` is not a task (the extern step's placeholder, a helper). Sorted by job
+/// id, then step.
+pub fn steps_on_node(
+    rows: &[ProcessRow],
+    identities: &HashMap<i32, SlurmTask>,
+    node: Option<&str>,
+) -> Vec<StepOnNode> {
+    let daemons: Vec<i32> = rows
+        .iter()
+        .filter(|r| r.comm == STEP_DAEMON)
+        .map(|r| r.pid)
+        .collect();
+    let mut steps: BTreeMap<(u64, String, String, i32), StepOnNode> = BTreeMap::new();
+    for row in rows
+        .iter()
+        .filter(|r| daemons.contains(&r.ppid) && r.comm != STEP_DAEMON)
+    {
+        let Some(task) = identities.get(&row.pid) else {
+            continue;
+        };
+        let Some(job_id) = task.job_id.clone() else {
+            continue;
+        };
+        if node.is_some_and(|n| task.node_name.as_deref() != Some(n)) {
+            continue;
+        }
+        let step = task.step_id.clone().unwrap_or_else(|| "batch".into());
+        // Numeric job ids sort as numbers; an array's `123_4` after them, as text.
+        let order = job_id.parse::<u64>().unwrap_or(u64::MAX);
+        let key = (order, job_id.clone(), step.clone(), row.ppid);
+        let entry = steps.entry(key).or_insert_with(|| StepOnNode {
+            job_id,
+            step,
+            node: task.node_name.clone(),
+            uid: row.uid,
+            slurmstepd: row.ppid,
+            tasks: Vec::new(),
+            ranks: Vec::new(),
+        });
+        entry.tasks.push(row.pid);
+    }
+    steps
+        .into_values()
+        .map(|mut s| {
+            s.tasks.sort_unstable();
+            s
+        })
+        .collect()
+}
+
+/// Finds the steps on this machine (see [`steps_on_node`]) and the ranks of each, reading environments in
+/// children of `program` (hangwatch itself) under a few seconds' deadline. A step whose environments could not
+/// be read in time is missing from the answer (its tasks are stuck in a way that holds their memory-map lock).
+pub fn find_steps(
+    procfs: &ProcFs,
+    node: Option<&str>,
+    options: &StackReadOptions,
+) -> Vec<StepOnNode> {
+    let stats = procfs.all_stats();
+    let daemons: Vec<i32> = stats
+        .iter()
+        .filter(|s| s.comm == STEP_DAEMON)
+        .map(|s| s.pid)
+        .collect();
+    let rows: Vec<ProcessRow> = stats
+        .iter()
+        .map(|s| ProcessRow {
+            pid: s.pid,
+            ppid: s.ppid,
+            comm: s.comm.clone(),
+            uid: daemons
+                .contains(&s.ppid)
+                .then(|| procfs.status(s.pid).ok().and_then(|st| st.euid))
+                .flatten(),
+        })
+        .collect();
+    let candidates: Vec<i32> = rows
+        .iter()
+        .filter(|r| daemons.contains(&r.ppid) && r.comm != STEP_DAEMON)
+        .map(|r| r.pid)
+        .collect();
+    if candidates.is_empty() {
+        return Vec::new();
+    }
+    let identities: HashMap<i32, SlurmTask> = read_environments(&candidates, options)
+        .reports
+        .into_iter()
+        .filter_map(|(pid, report)| Some((pid, report.rank_env?.slurm)))
+        .collect();
+    let mut steps = steps_on_node(&rows, &identities, node);
+    for step in &mut steps {
+        // Each step's ranks are numbered on their own (a step is one job of the launcher's).
+        let found = RankFinder::new().refresh(procfs, &step.tasks, &HashMap::new());
+        step.ranks = found
+            .ranks
+            .into_iter()
+            .map(|r| StepRank {
+                pid: r.id.pid,
+                rank: r.rank,
+                local_rank: r.local_rank,
+                source: r.source,
+            })
+            .collect();
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(pid: i32, ppid: i32, comm: &str) -> ProcessRow {
+        ProcessRow {
+            pid,
+            ppid,
+            comm: comm.into(),
+            uid: Some(1000),
+        }
+    }
+
+    fn task(job: &str, step: Option<&str>, node: &str) -> SlurmTask {
+        SlurmTask {
+            job_id: Some(job.into()),
+            step_id: step.map(str::to_string),
+            node_name: Some(node.into()),
+        }
+    }
+
+    /// What the test cluster showed: a batch step on n1, step 0 with a task on n1 and one on n2 (two slurmstepd
+    /// on one machine), an extern step's placeholder without Slurm variables, and an unrelated process.
+    fn table() -> (Vec<ProcessRow>, HashMap<i32, SlurmTask>) {
+        let rows = vec![
+            row(100, 1, "slurmstepd"),
+            row(101, 100, "bash"),
+            row(200, 1, "slurmstepd"),
+            row(201, 200, "python3"),
+            row(300, 1, "slurmstepd"),
+            row(301, 300, "python3"),
+            row(400, 1, "slurmstepd"),
+            row(401, 400, "sleep"),
+            row(500, 1, "sshd"),
+            row(501, 500, "bash"),
+            row(202, 201, "python3"),
+        ];
+        let identities = HashMap::from([
+            (101, task("7", None, "n1")),
+            (201, task("7", Some("0"), "n1")),
+            (301, task("7", Some("0"), "n2")),
+            (401, SlurmTask::default()),
+            (501, task("9", Some("0"), "n1")),
+            (202, task("7", Some("0"), "n1")),
+        ]);
+        (rows, identities)
+    }
+
+    #[test]
+    fn each_step_on_each_node_with_the_tasks_its_slurmstepd_started() {
+        let (rows, identities) = table();
+        let steps = steps_on_node(&rows, &identities, None);
+        let got: Vec<(String, Option<String>, i32, Vec<i32>)> = steps
+            .iter()
+            .map(|s| (s.name(), s.node.clone(), s.slurmstepd, s.tasks.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("7.0".into(), Some("n1".into()), 200, vec![201]),
+                ("7.0".into(), Some("n2".into()), 300, vec![301]),
+                ("7.batch".into(), Some("n1".into()), 100, vec![101]),
+            ]
+        );
+        assert!(steps.iter().all(|s| s.uid == Some(1000)));
+    }
+
+    #[test]
+    fn one_emulated_node_sees_only_its_own_steps() {
+        let (rows, identities) = table();
+        let steps = steps_on_node(&rows, &identities, Some("n2"));
+        assert_eq!(steps.len(), 1);
+        assert_eq!(
+            (steps[0].name(), steps[0].tasks.clone()),
+            ("7.0".into(), vec![301])
+        );
+        assert!(steps_on_node(&rows, &identities, Some("n9")).is_empty());
+    }
+
+    #[test]
+    fn job_ids_sort_as_numbers() {
+        let rows = vec![
+            row(1, 0, "slurmstepd"),
+            row(2, 1, "bash"),
+            row(3, 0, "slurmstepd"),
+            row(4, 3, "bash"),
+        ];
+        let identities = HashMap::from([(2, task("10", None, "n1")), (4, task("9", None, "n1"))]);
+        let names: Vec<String> = steps_on_node(&rows, &identities, None)
+            .iter()
+            .map(StepOnNode::name)
+            .collect();
+        assert_eq!(names, ["9.batch", "10.batch"]);
+    }
+}
