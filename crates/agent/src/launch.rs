@@ -27,6 +27,10 @@ pub struct LaunchSpec {
     pub master_port: Option<u16>,
     /// More environment for the job (a restarted attempt's `HANGWATCH_ATTEMPT` and friends).
     pub env: Vec<(String, String)>,
+    /// Processes already running to watch instead of starting `command` (`run --attach`, a node service): the
+    /// job is theirs and their descendants'; hangwatch owns none of their output, and leaves them alone when it
+    /// is stopped or killed.
+    pub attach: Vec<i32>,
 }
 
 /// One started process.
@@ -222,6 +226,7 @@ mod tests {
             master_addr: "10.0.0.1".into(),
             master_port: None,
             env: Vec::new(),
+            attach: Vec::new(),
         }
     }
 

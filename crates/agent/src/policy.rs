@@ -88,6 +88,8 @@ pub enum Ending {
     Hung,
     /// hangwatch was told to stop by this signal: 128 + signal (or the job's own failure code).
     Interrupted(i32),
+    /// hangwatch, watching a job it did not start, was told to stop by this signal and left the job as it was.
+    Left(i32),
 }
 
 /// What the policy wants said to people (rendered by the loop).
@@ -99,6 +101,10 @@ pub enum Notice {
         signal: i32,
     },
     ForwardingSignal {
+        signal: i32,
+    },
+    /// Watching a job hangwatch did not start, it was signalled: it stops watching and leaves the job alone.
+    LeavingJob {
         signal: i32,
     },
     /// The job did not end within the grace period after the signal.
@@ -187,6 +193,9 @@ pub struct PolicyConfig {
     pub inspect_budget: Duration,
     /// How long ranks seen computing hold the hard tier back.
     pub activity: ActivityRule,
+    /// hangwatch watches processes it did not start (`run --attach`, a node service): a signal ends the watch and
+    /// leaves the job alone, since it is hangwatch that is told to stop, not the job.
+    pub attached: bool,
 }
 
 /// Where the run is.
@@ -487,6 +496,19 @@ impl Policy {
     }
 
     fn signal(&mut self, signal: i32, stuck: bool, now: Duration) -> Vec<Action> {
+        if self.config.attached {
+            // Nothing is forwarded and nothing killed: the job is not hangwatch's to end on a signal.
+            return match self.stage {
+                Stage::Finished => Vec::new(),
+                _ => {
+                    self.stage = Stage::Finished;
+                    vec![
+                        Action::Say(Notice::LeavingJob { signal }),
+                        Action::Finish(Ending::Left(signal)),
+                    ]
+                }
+            };
+        }
         self.signals += 1;
         if self.signals >= 2 {
             return match self.stage {
@@ -600,7 +622,38 @@ mod tests {
             failed_rank_grace: s(30.0),
             inspect_budget: s(4.0),
             activity: ActivityRule::until(s(1800.0)),
+            attached: false,
         })
+    }
+
+    #[test]
+    fn watching_a_job_it_did_not_start_a_signal_ends_the_watch_and_touches_nothing() {
+        let mut p = Policy::new(PolicyConfig {
+            attached: true,
+            ..policy(OnHang::Abort).config
+        });
+        for stuck in [false, true] {
+            let mut p = Policy::new(PolicyConfig {
+                attached: true,
+                ..policy(OnHang::Abort).config
+            });
+            assert_eq!(
+                p.handle(Input::Signal { signal: 15, stuck }, s(3.0)),
+                vec![
+                    Action::Say(Notice::LeavingJob { signal: 15 }),
+                    Action::Finish(Ending::Left(15))
+                ]
+            );
+            assert!(p
+                .handle(Input::Signal { signal: 2, stuck }, s(4.0))
+                .is_empty());
+        }
+        // A hang is still acted on as configured: attach changes only what a signal to hangwatch means.
+        p.handle(stalled(StallTier::Hard, 5.0), s(5.0));
+        assert_eq!(
+            p.handle(done(Trigger::Hard, false), s(6.0)).last(),
+            Some(&Action::Terminate { kill_now: false })
+        );
     }
 
     fn tick(stall: StallTier) -> Input {

@@ -95,6 +95,17 @@ impl JobProcess for JobProc {
     }
 }
 
+/// `pgid` when one of `job`'s processes leads it, else 0 (no group: the process alone is signalled). A job
+/// hangwatch did not start may share its group with processes that are not the job's (the shell it was started
+/// from, hangwatch itself).
+pub(crate) fn group_led_by_job(pgid: i32, mut job: impl Iterator<Item = i32>) -> i32 {
+    if pgid > 1 && job.any(|pid| pid == pgid) {
+        pgid
+    } else {
+        0
+    }
+}
+
 /// Where a waiter thread leaves a child's exit status and the moment it exited.
 pub(crate) type ExitSlot = Arc<Mutex<Option<(ExitStatus, Instant)>>>;
 
@@ -142,6 +153,9 @@ pub(crate) struct Sampler {
     procs: Vec<JobProc>,
     /// Ranks are found below the launcher (no `--nproc`).
     tree_mode: bool,
+    /// The job was already running (`run --attach`): a process group is signalled only when one of the job's
+    /// processes leads it, never a group the job merely shares with others (a login shell's).
+    attached: bool,
     procfs: ProcFs,
     prober: Arc<Mutex<Option<Prober>>>,
     members: Arc<JobMembers>,
@@ -172,6 +186,7 @@ pub(crate) struct Sampler {
 pub(crate) struct SamplerParts {
     pub(crate) procs: Vec<JobProc>,
     pub(crate) tree_mode: bool,
+    pub(crate) attached: bool,
     pub(crate) prober: Option<Prober>,
     pub(crate) members: Arc<JobMembers>,
     pub(crate) events: SyncSender<Event>,
@@ -186,6 +201,7 @@ impl Sampler {
         let mut sampler = Sampler {
             procs: parts.procs,
             tree_mode: parts.tree_mode,
+            attached: parts.attached,
             procfs: ProcFs::new("/proc"),
             prober: Arc::new(Mutex::new(parts.prober)),
             members: parts.members,
@@ -268,7 +284,12 @@ impl Sampler {
     /// The job is over: its processes that outlived their rank (a worker that ignored SIGTERM, a daemon) are ended,
     /// and the reaper is let go.
     pub(crate) fn release(&mut self) {
-        let swept = crate::reaper::sweep(&self.procfs, &self.groups);
+        // A job hangwatch only watched is not its to clean up after.
+        let swept = if self.attached {
+            Vec::new()
+        } else {
+            crate::reaper::sweep(&self.procfs, &self.groups)
+        };
         if !swept.is_empty() {
             tracing::info!(count = swept.len(), pids = ?swept, "ended processes of the job that outlived their rank");
         }
@@ -345,6 +366,10 @@ impl Sampler {
 
     /// Tells the reaper about process groups of the job it does not know yet.
     pub(crate) fn track_groups(&mut self) {
+        if self.attached {
+            // No reaper and no sweep for a job hangwatch did not start: its groups are not hangwatch's.
+            return;
+        }
         for p in &self.procs {
             if self.groups.iter().any(|g| g.pgid == p.pgid) {
                 continue;
@@ -612,10 +637,18 @@ impl Sampler {
                 "found a rank below the launcher"
             );
             self.members.register_live(new.id.pid, Some(new.rank));
+            let pgid = if self.attached {
+                group_led_by_job(
+                    new.pgid,
+                    self.procs.iter().map(|p| p.pid).chain([new.id.pid]),
+                )
+            } else {
+                new.pgid
+            };
             self.procs.push(JobProc {
                 waited: None,
                 pid: new.id.pid,
-                pgid: new.pgid,
+                pgid,
                 start: Some(new.id.start_time),
                 rank: Some(new.rank),
                 rank_source: Some(new.source),
@@ -720,4 +753,20 @@ impl Sampler {
 /// Seconds since the epoch of a past `Instant`.
 pub(crate) fn unix_time_of(at: Instant) -> f64 {
     unix_now() - at.elapsed().as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watched_job_signals_only_groups_its_own_processes_lead() {
+        assert_eq!(group_led_by_job(40, [40, 41].into_iter()), 40);
+        assert_eq!(
+            group_led_by_job(7, [40, 41].into_iter()),
+            0,
+            "the shell's group"
+        );
+        assert_eq!(group_led_by_job(1, [1].into_iter()), 0);
+    }
 }

@@ -119,6 +119,10 @@ pub enum RunError {
     },
     #[error("cannot install signal handlers")]
     Signals(#[source] std::io::Error),
+    #[error(
+        "cannot watch process {pid}: {reason} (is it running, and may this user read /proc/{pid}?)"
+    )]
+    Attach { pid: i32, reason: String },
 }
 
 struct Supervisor {
@@ -213,6 +217,7 @@ fn policy_of(config: &RunConfig) -> Policy {
         failed_rank_grace: config.failed_rank_grace,
         inspect_budget: inspect_budget(config),
         activity: activity_rule(&config.detector),
+        attached: !config.launch.attach.is_empty(),
     })
 }
 
@@ -510,6 +515,9 @@ impl Supervisor {
             Notice::ForwardingSignal { signal } => format!(
                 "hangwatch: passing signal {signal} on to the job; it has {:.0}s to end (signal again to kill it now)",
                 self.config.grace.as_secs_f64()
+            ),
+            Notice::LeavingJob { signal } => format!(
+                "hangwatch: signal {signal}: no longer watching; the job was not started by hangwatch and is left as it is"
             ),
             Notice::GraceOver { signal } => format!(
                 "hangwatch: the job did not end within {:.0}s of signal {signal}: killing it",

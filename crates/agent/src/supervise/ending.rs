@@ -20,6 +20,14 @@ impl Supervisor {
                 outcome
             }
             Ending::ByItself => self.job_ended_by_itself(None),
+            Ending::Left(signal) => RunOutcome {
+                exit_code: 128 + signal,
+                verdict: self.last_verdict.clone(),
+                bundle: self.bundle.clone(),
+                termination: None,
+                interrupted_by: Some(signal),
+                last_step: self.last_step,
+            },
         }
     }
 

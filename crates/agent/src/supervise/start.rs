@@ -73,11 +73,17 @@ impl Supervisor {
         let tails = Arc::new(Tails::new(200));
         let open_streams = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let program = hangwatch_child::self_exe().unwrap_or_else(|_| PathBuf::from("hangwatch"));
-        let reaper = Reaper::start(&program)
-            .map_err(|e| {
-                tracing::warn!(error = %e, "cannot start the job reaper: if hangwatch is killed, processes of the job below its ranks may outlive it")
+        let attached = !launch_spec.attach.is_empty();
+        // The reaper ends the job if hangwatch dies: never for a job hangwatch only watches.
+        let reaper = (!attached)
+            .then(|| {
+                Reaper::start(&program)
+                    .map_err(|e| {
+                        tracing::warn!(error = %e, "cannot start the job reaper: if hangwatch is killed, processes of the job below its ranks may outlive it")
+                    })
+                    .ok()
             })
-            .ok();
+            .flatten();
         // Stack readers prepared while the job is healthy, so that a roll call reads only the stacks.
         let stack_readers = PreparedStacks::start(
             program.clone(),
@@ -88,11 +94,15 @@ impl Supervisor {
         )
         .ok();
         let start = Instant::now();
-        let launched = launch(&launch_spec)?;
+        let launched = if attached {
+            Vec::new()
+        } else {
+            launch(&launch_spec)?
+        };
         for l in &launched {
             members.register_live(l.pid, l.rank);
         }
-        let tree_mode = launch_spec.nproc.is_none();
+        let tree_mode = launch_spec.nproc.is_none() || attached;
         let ctx = DrainContext {
             board: Arc::clone(&board),
             sink: config.sink.clone(),
@@ -132,6 +142,29 @@ impl Supervisor {
             });
         }
         drop(ctx);
+        // Watched, not started: no exit status to wait for (their end is seen in /proc), no output owned.
+        for &pid in &launch_spec.attach {
+            let stat = procfs.stat(pid).map_err(|e| RunError::Attach {
+                pid,
+                reason: e.to_string(),
+            })?;
+            members.register_live(pid, None);
+            procs.push(JobProc {
+                waited: None,
+                pid,
+                pgid: crate::sampler::group_led_by_job(
+                    stat.pgrp,
+                    launch_spec.attach.iter().copied(),
+                ),
+                start: Some(stat.starttime),
+                rank: None,
+                rank_source: None,
+                exit: None,
+                exited_at: None,
+                discovered: false,
+                identity: crate::death::RankIdentity::read(&procfs, pid),
+            });
+        }
         let prober = Prober::new()
             .map_err(|e| tracing::warn!(error = %e, "filesystem probes unavailable"))
             .ok();
@@ -156,6 +189,7 @@ impl Supervisor {
         let sampler = Sampler::new(SamplerParts {
             procs,
             tree_mode,
+            attached,
             prober,
             members: Arc::clone(&members),
             events: tx.clone(),

@@ -83,6 +83,7 @@ fn config() -> RunConfig {
             master_addr: "127.0.0.1".into(),
             master_port: None,
             env: Vec::new(),
+            attach: Vec::new(),
         },
         detector: DetectorConfig {
             fixed: Some(STALL_AFTER),
@@ -140,6 +141,7 @@ fn supervisor(procs: Vec<JobProc>) -> (Supervisor, Arc<Mutex<Asked>>, Receiver<E
     let sampler = Sampler::new(SamplerParts {
         procs,
         tree_mode: false,
+        attached: false,
         prober: None,
         members: Arc::clone(&members),
         events: tx.clone(),
@@ -288,6 +290,7 @@ fn a_signal_to_a_job_that_makes_progress_is_passed_on_and_the_run_exits_as_the_j
     sup.sampler = Sampler::new(SamplerParts {
         procs: vec![rank(Some(ExitStatus::from_raw(15)))],
         tree_mode: false,
+        attached: false,
         prober: None,
         members: Arc::new(JobMembers::new()),
         events: sup.events.clone(),

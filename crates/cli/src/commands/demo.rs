@@ -202,6 +202,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         master_addr: "127.0.0.1".into(),
         master_port: None,
         env: Vec::new(),
+        attach: Vec::new(),
     };
     let config = RunConfig {
         detector: DetectorConfig {

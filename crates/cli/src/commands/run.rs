@@ -161,11 +161,18 @@ pub struct Args {
     /// MASTER_PORT for the ranks [default: in a multi-node Slurm step, a port from the job id; else a free port].
     #[arg(long)]
     master_port: Option<u16>,
+    /// Watch this process, already running, and its descendants as the job instead of starting CMD
+    /// (repeatable; a Slurm step's tasks, a job started by another tool). Its ranks are found as under a
+    /// launcher; progress comes from its output files' positions, beats and the kernel's view, since hangwatch
+    /// owns none of its output. A signal to hangwatch stops the watch and leaves the job alone; a hang is acted
+    /// on as --action says (docs/node-service.md).
+    #[arg(long, value_name = "PID", conflicts_with_all = ["command", "nproc"])]
+    attach: Vec<i32>,
     /// The job: a command and its arguments, after `--`.
     #[arg(
         trailing_var_arg = true,
         allow_hyphen_values = true,
-        required = true,
+        required_unless_present = "attach",
         value_name = "CMD"
     )]
     command: Vec<OsString>,
@@ -227,11 +234,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         &job_id,
         node_name.as_deref(),
     )?;
-    let program = args
-        .command
-        .first()
-        .ok_or_else(|| usage("no command to run: put it after `--`"))?;
-    check_program(program).map_err(|e| usage(format!("cannot run the job: {e}")))?;
+    if args.attach.is_empty() {
+        let program = args
+            .command
+            .first()
+            .ok_or_else(|| usage("no command to run: put it after `--`"))?;
+        check_program(program).map_err(|e| usage(format!("cannot run the job: {e}")))?;
+    }
+    for &pid in &args.attach {
+        if pid <= 1 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(usage(format!(
+                "--attach {pid}: no such process here (give the pid of a running process of the job, as this \
+                 node's /proc shows it)"
+            )));
+        }
+    }
     if let Some(fleet) = &history_fleet {
         // Verdicts that waited while the fleet database did not answer: shipped now, in the background.
         match hangwatch_child::self_exe() {
@@ -298,6 +315,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         master_addr,
         master_port,
         env: restart_env,
+        attach: args.attach.clone(),
     };
     let mut config = RunConfig {
         detector: DetectorConfig {
