@@ -23,7 +23,7 @@ mod run_config;
 mod sampler;
 mod sources;
 pub mod supervise;
-mod sys;
+pub mod sys;
 pub mod terminate;
 pub mod timeline;
 pub mod wire;

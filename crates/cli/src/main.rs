@@ -51,6 +51,8 @@ enum Command {
     Doctor(commands::doctor::Args),
     /// The seed incident on this machine: a rank logging to a filesystem that freezes.
     Demo(commands::demo::Args),
+    /// The service on each node: watches every Slurm job step on it, with no change to the jobs' scripts.
+    Node(commands::node::Args),
     /// The Slurm job steps running on this machine and their ranks, found from outside the jobs.
     Steps(commands::steps::Args),
     /// Every option's effective value and where it comes from (the site's and your configuration files, the
@@ -117,6 +119,7 @@ fn main() -> ExitCode {
     if is_internal(&cli.command) {
         deaf_to_job_signals();
     }
+    let config_file = cli.config.clone();
     let result = match cli.command {
         Command::Run(args) => commands::run::run(*args),
         Command::Dump(args) => commands::dump::run(args),
@@ -126,6 +129,7 @@ fn main() -> ExitCode {
         Command::Coordinator(args) => commands::coordinator::run(*args),
         Command::Report(args) => commands::report::run(args),
         Command::Steps(args) => commands::steps::run(args),
+        Command::Node(args) => commands::node::run(args, config_file.as_deref()),
         Command::Config(args) => match &loaded {
             Some(loaded) => commands::config::run(args, loaded),
             None => Err(anyhow::anyhow!("the configuration was not loaded")),
@@ -216,6 +220,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::Demo(_) => "demo",
         Command::Report(_) => "report",
         Command::Steps(_) => "steps",
+        Command::Node(_) => "node",
         Command::Config(_) => "config",
         Command::InspectChild(_) => "__inspect-child",
         Command::ReadStrings(_) => "__read-strings",

@@ -63,6 +63,10 @@ pub struct RankEnv {
     pub torchelastic_run_id: Option<String>,
     /// `HANGWATCH_SOCKET`: where the rank's client sends heartbeats.
     pub hangwatch_socket: Option<String>,
+    /// `HANGWATCH_ACTION` in the job's environment: what a job asks a node service to do about its hang (it may
+    /// only narrow the site's action, docs/node-service.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hangwatch_action: Option<String>,
     /// Which Slurm job, step and node the process belongs to (`SLURM_JOB_ID`, `SLURM_STEP_ID`, absent in a batch
     /// script, and `SLURMD_NODENAME`, which tells emulated nodes on one machine apart).
     #[serde(default, skip_serializing_if = "SlurmTask::is_empty")]
@@ -133,6 +137,7 @@ impl RankEnv {
             slurm_procid: number(&["SLURM_PROCID"]),
             torchelastic_run_id: text("TORCHELASTIC_RUN_ID"),
             hangwatch_socket: text("HANGWATCH_SOCKET"),
+            hangwatch_action: text("HANGWATCH_ACTION"),
             slurm: SlurmTask {
                 job_id: text("SLURM_JOB_ID"),
                 step_id: text("SLURM_STEP_ID"),

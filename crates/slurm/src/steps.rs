@@ -115,45 +115,14 @@ pub fn steps_on_node(
 }
 
 /// Finds the steps on this machine (see [`steps_on_node`]) and the ranks of each, reading environments in
-/// children of `program` (hangwatch itself) under a few seconds' deadline. A step whose environments could not
-/// be read in time is missing from the answer (its tasks are stuck in a way that holds their memory-map lock).
+/// children of hangwatch under a few seconds' deadline. A step whose environments could not be read in time is
+/// missing from the answer (its tasks are stuck in a way that holds their memory-map lock).
 pub fn find_steps(
     procfs: &ProcFs,
     node: Option<&str>,
     options: &StackReadOptions,
 ) -> Vec<StepOnNode> {
-    let stats = procfs.all_stats();
-    let daemons: Vec<i32> = stats
-        .iter()
-        .filter(|s| s.comm == STEP_DAEMON)
-        .map(|s| s.pid)
-        .collect();
-    let rows: Vec<ProcessRow> = stats
-        .iter()
-        .map(|s| ProcessRow {
-            pid: s.pid,
-            ppid: s.ppid,
-            comm: s.comm.clone(),
-            uid: daemons
-                .contains(&s.ppid)
-                .then(|| procfs.status(s.pid).ok().and_then(|st| st.euid))
-                .flatten(),
-        })
-        .collect();
-    let candidates: Vec<i32> = rows
-        .iter()
-        .filter(|r| daemons.contains(&r.ppid) && r.comm != STEP_DAEMON)
-        .map(|r| r.pid)
-        .collect();
-    if candidates.is_empty() {
-        return Vec::new();
-    }
-    let identities: HashMap<i32, SlurmTask> = read_environments(&candidates, options)
-        .reports
-        .into_iter()
-        .filter_map(|(pid, report)| Some((pid, report.rank_env?.slurm)))
-        .collect();
-    let mut steps = steps_on_node(&rows, &identities, node);
+    let mut steps = StepFinder::default().scan(procfs, node, options);
     for step in &mut steps {
         // Each step's ranks are numbered on their own (a step is one job of the launcher's).
         let found = RankFinder::new().refresh(procfs, &step.tasks, &HashMap::new());
@@ -169,6 +138,91 @@ pub fn find_steps(
             .collect();
     }
     steps
+}
+
+/// What a task's environment said, kept for as long as the task lives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFacts {
+    pub slurm: SlurmTask,
+    /// `HANGWATCH_ACTION` in the job's environment.
+    pub action: Option<String>,
+}
+
+/// Finds steps again and again (a node service's scan), reading each task's environment once: a task is known
+/// by its pid and start time.
+#[derive(Debug, Default)]
+pub struct StepFinder {
+    known: HashMap<(i32, u64), TaskFacts>,
+}
+
+impl StepFinder {
+    /// The steps now, without their ranks (a watcher finds those).
+    pub fn scan(
+        &mut self,
+        procfs: &ProcFs,
+        node: Option<&str>,
+        options: &StackReadOptions,
+    ) -> Vec<StepOnNode> {
+        let stats = procfs.all_stats();
+        let daemons: Vec<i32> = stats
+            .iter()
+            .filter(|s| s.comm == STEP_DAEMON)
+            .map(|s| s.pid)
+            .collect();
+        let is_task =
+            |s: &hangwatch_proc::TaskStat| daemons.contains(&s.ppid) && s.comm != STEP_DAEMON;
+        let rows: Vec<ProcessRow> = stats
+            .iter()
+            .map(|s| ProcessRow {
+                pid: s.pid,
+                ppid: s.ppid,
+                comm: s.comm.clone(),
+                uid: is_task(s)
+                    .then(|| procfs.status(s.pid).ok().and_then(|st| st.euid))
+                    .flatten(),
+            })
+            .collect();
+        let tasks: Vec<(i32, u64)> = stats
+            .iter()
+            .filter(|s| is_task(s))
+            .map(|s| (s.pid, s.starttime))
+            .collect();
+        self.known.retain(|id, _| tasks.contains(id));
+        let unknown: Vec<i32> = tasks
+            .iter()
+            .filter(|id| !self.known.contains_key(id))
+            .map(|(pid, _)| *pid)
+            .collect();
+        if !unknown.is_empty() {
+            let read = read_environments(&unknown, options).reports;
+            for &(pid, start) in tasks.iter().filter(|(pid, _)| unknown.contains(pid)) {
+                // Unread (the reader gave up on it): asked again at the next scan.
+                if let Some(env) = read.get(&pid).and_then(|r| r.rank_env.clone()) {
+                    self.known.insert(
+                        (pid, start),
+                        TaskFacts {
+                            slurm: env.slurm,
+                            action: env.hangwatch_action,
+                        },
+                    );
+                }
+            }
+        }
+        let identities: HashMap<i32, SlurmTask> = self
+            .known
+            .iter()
+            .map(|((pid, _), facts)| (*pid, facts.slurm.clone()))
+            .collect();
+        steps_on_node(&rows, &identities, node)
+    }
+
+    /// What the job asked of a node service (`HANGWATCH_ACTION`), from the first of `tasks` that says.
+    pub fn requested_action(&self, tasks: &[i32]) -> Option<String> {
+        self.known
+            .iter()
+            .filter(|((pid, _), _)| tasks.contains(pid))
+            .find_map(|(_, facts)| facts.action.clone())
+    }
 }
 
 #[cfg(test)]

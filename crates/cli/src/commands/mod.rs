@@ -13,6 +13,7 @@ pub mod kmsg;
 pub mod log_sink;
 pub mod log_writer;
 pub mod metrics;
+pub mod node;
 pub mod own_output;
 pub mod probe;
 pub mod read_config;

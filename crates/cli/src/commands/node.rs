@@ -1,0 +1,459 @@
+//! `hangwatch node`: the service on each node that watches every Slurm job step on it, with no change to the
+//! jobs' scripts. It finds the steps (`hangwatch_slurm::steps`), starts one watcher per step (`hangwatch run
+//! --attach` on the step's tasks, a process of its own so that one step's trouble is not another's), stands
+//! back where a job runs its own `hangwatch run`, and ends a hung job through Slurm. The loop only looks and
+//! starts: every watcher reports back by exiting.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hangwatch_agent::human::say;
+use hangwatch_inspect::pystack::StackReadOptions;
+use hangwatch_model::exit::EXIT_HUNG;
+use hangwatch_proc::ProcFs;
+use hangwatch_slurm::steps::{StepFinder, StepOnNode};
+
+use crate::duration::parse_nonzero_duration;
+use crate::exit::usage;
+
+#[derive(Debug, clap::Args)]
+#[command(after_help = "\
+Run as root, one per node (contrib/hangwatch-node.service). Each step found gets a watcher, `hangwatch run --attach`
+on its tasks, with the site's [run] settings; a job asks for less with HANGWATCH_ACTION=observe in its
+environment; a step that runs its own `hangwatch run` is left to it. A hung job is ended through Slurm (scancel),
+so its state says so. See docs/node-service.md.")]
+pub struct Args {
+    /// This node's name as its steps know it (SLURMD_NODENAME): several emulated nodes may share one machine
+    /// [default: every step on this machine].
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    /// What to do about a hung step: abort (end the job through Slurm) or observe (evidence and alerts only). A
+    /// job may narrow it with HANGWATCH_ACTION=observe.
+    #[arg(long, value_enum, default_value = "abort")]
+    action: NodeAction,
+    /// How often to look for steps that started or ended.
+    #[arg(long, default_value = "2s", value_name = "DUR", value_parser = parse_nonzero_duration)]
+    scan_every: Duration,
+    /// Where each step's evidence goes: a directory per step under it [default: the job owner's
+    /// /var/tmp/hangwatch-<uid>, made theirs and private].
+    #[arg(long, value_name = "DIR")]
+    report_root: Option<PathBuf>,
+}
+
+/// What the service may do about a hang (requeue needs the job's own `run`: docs/requeue.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NodeAction {
+    Observe,
+    Abort,
+}
+
+/// The action for one job: the site's, unless the job asks for observe (a job may narrow, never widen).
+pub fn action_for_job(site: NodeAction, requested: Option<&str>) -> NodeAction {
+    match requested.map(str::trim) {
+        Some("observe") => NodeAction::Observe,
+        _ => site,
+    }
+}
+
+/// A step as the service keys it: the same job step on two emulated nodes, or started again, is another.
+type StepKey = (String, String, Option<String>, i32);
+
+fn key_of(step: &StepOnNode) -> StepKey {
+    (
+        step.job_id.clone(),
+        step.step.clone(),
+        step.node.clone(),
+        step.slurmstepd,
+    )
+}
+
+/// One step's watcher.
+struct Watcher {
+    child: Child,
+    step: StepOnNode,
+    report_dir: PathBuf,
+    /// The watcher's stdout: its verdict or summary, one JSON document.
+    stdout: Arc<Mutex<Vec<u8>>>,
+    action: NodeAction,
+}
+
+pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(usage(
+            "hangwatch node watches every user's jobs and must run as root (the systemd unit does); to watch \
+             your own job, put `hangwatch run` in its script",
+        ));
+    }
+    let program = hangwatch_child::self_exe()?;
+    let options = StackReadOptions::for_self()?;
+    let procfs = ProcFs::new("/proc");
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
+    let node = args.node_name.as_deref();
+    say(format!(
+        "hangwatch node: watching the Slurm steps {} (action {}, a look every {})",
+        node.map(|n| format!("of node {n}"))
+            .unwrap_or_else(|| "on this machine".into()),
+        action_name(args.action),
+        hangwatch_model::format_duration(args.scan_every)
+    ));
+    notify(&[sd_notify::NotifyState::Ready]);
+    let mut finder = StepFinder::default();
+    let mut watchers: BTreeMap<StepKey, Watcher> = BTreeMap::new();
+    // Steps already dealt with (watched to the end, or left to their own hangwatch): not started again.
+    let mut seen: BTreeSet<StepKey> = BTreeSet::new();
+    while !stop.load(Ordering::SeqCst) {
+        let started = Instant::now();
+        notify(&[sd_notify::NotifyState::Watchdog]);
+        let steps = finder.scan(&procfs, node, &options);
+        let present: BTreeSet<StepKey> = steps.iter().map(key_of).collect();
+        seen.retain(|k| present.contains(k));
+        for step in steps {
+            let key = key_of(&step);
+            if watchers.contains_key(&key) || seen.contains(&key) {
+                continue;
+            }
+            seen.insert(key.clone());
+            if let Some(pid) = own_hangwatch(&procfs, &step.tasks) {
+                say(format!(
+                    "hangwatch node: step {} runs its own hangwatch (pid {pid}): left to it",
+                    step.name()
+                ));
+                continue;
+            }
+            let action =
+                action_for_job(args.action, finder.requested_action(&step.tasks).as_deref());
+            match start_watcher(&program, config, &step, action, args.report_root.as_deref()) {
+                Ok(watcher) => {
+                    say(format!(
+                        "hangwatch node: watching step {} on {} (uid {}, tasks {:?}, action {}); evidence in {}",
+                        step.name(),
+                        step.node.as_deref().unwrap_or("this node"),
+                        step.uid.map_or("?".into(), |u| u.to_string()),
+                        step.tasks,
+                        action_name(action),
+                        watcher.report_dir.display()
+                    ));
+                    watchers.insert(key, watcher);
+                }
+                Err(e) => {
+                    say(format!(
+                        "hangwatch node: error: cannot watch step {}: {e:#}",
+                        step.name()
+                    ));
+                }
+            }
+        }
+        reap(&mut watchers);
+        let spent = started.elapsed();
+        if let Some(rest) = args.scan_every.checked_sub(spent) {
+            sleep_unless(&stop, rest);
+        }
+    }
+    say(format!(
+        "hangwatch node: stopping; {} watcher(s) told to leave their jobs alone",
+        watchers.len()
+    ));
+    notify(&[sd_notify::NotifyState::Stopping]);
+    for watcher in watchers.values() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(watcher.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !watchers.is_empty() && Instant::now() < deadline {
+        reap(&mut watchers);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn action_name(action: NodeAction) -> &'static str {
+    match action {
+        NodeAction::Observe => "observe",
+        NodeAction::Abort => "abort",
+    }
+}
+
+/// Tells systemd (when it started the service with `Type=notify`); nothing otherwise.
+fn notify(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, state) {
+        tracing::debug!(error = %e, "cannot notify systemd");
+    }
+}
+
+fn sleep_unless(stop: &AtomicBool, total: Duration) {
+    let end = Instant::now() + total;
+    while !stop.load(Ordering::SeqCst) && Instant::now() < end {
+        std::thread::sleep(
+            Duration::from_millis(50).min(end.saturating_duration_since(Instant::now())),
+        );
+    }
+}
+
+/// A `hangwatch` process among the step's tasks and their descendants: the job watches itself.
+fn own_hangwatch(procfs: &ProcFs, tasks: &[i32]) -> Option<i32> {
+    procfs
+        .subtree(tasks)
+        .into_iter()
+        .find(|s| s.comm == "hangwatch")
+        .map(|s| s.pid)
+}
+
+/// The report directory of `step`: under `root`, else under its owner's `/var/tmp/hangwatch-<uid>` (made
+/// theirs, 0700; a directory there that someone else owns is not used).
+fn step_report_dir(step: &StepOnNode, root: Option<&Path>) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let uid = step.uid.unwrap_or(0);
+    let name = format!(
+        "step-{}-{}-{}",
+        step.name(),
+        step.node.as_deref().unwrap_or("node"),
+        hangwatch_model::utc_stamp(hangwatch_model::unix_now() as u64)
+    );
+    let root = match root {
+        Some(root) => root.to_path_buf(),
+        None => {
+            let root = PathBuf::from(format!("/var/tmp/hangwatch-{uid}"));
+            match std::fs::symlink_metadata(&root) {
+                Ok(meta) if !meta.is_dir() || meta.uid() != uid => {
+                    return Err(anyhow::anyhow!(
+                        "{} is not a directory of uid {uid}: give --report-root",
+                        root.display()
+                    ))
+                }
+                Ok(_) => root,
+                Err(_) => {
+                    std::fs::create_dir(&root)?;
+                    std::os::unix::fs::chown(&root, Some(uid), None)?;
+                    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
+                    root
+                }
+            }
+        }
+    };
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    Ok(dir)
+}
+
+fn start_watcher(
+    program: &Path,
+    config: Option<&Path>,
+    step: &StepOnNode,
+    action: NodeAction,
+    report_root: Option<&Path>,
+) -> anyhow::Result<Watcher> {
+    let report_dir = step_report_dir(step, report_root)?;
+    let mut command = Command::new(program);
+    if let Some(config) = config {
+        command.arg("--config").arg(config);
+    }
+    command
+        .arg("run")
+        .args(
+            step.tasks
+                .iter()
+                .flat_map(|t| ["--attach".to_string(), t.to_string()]),
+        )
+        .arg("--job-id")
+        .arg(&step.job_id)
+        .arg("--report-dir")
+        .arg(&report_dir)
+        .arg("--action")
+        .arg(action_name(action))
+        .arg("--json");
+    if let Some(node) = &step.node {
+        command.arg("--node-name").arg(node);
+    }
+    // The service's own systemd channel is not the watchers'.
+    command
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // A watcher outlives no service: told to stop, it leaves its job alone (a restarted service watches anew).
+    hangwatch_agent::sys::on_parent_death(&mut command, nix::sys::signal::Signal::SIGTERM);
+    let mut child = command.spawn()?;
+    let label = format!(
+        "[{}@{}]",
+        step.name(),
+        step.node.as_deref().unwrap_or("node")
+    );
+    if let Some(stderr) = child.stderr.take() {
+        std::thread::Builder::new()
+            .name("hw-node-err".into())
+            .spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    say(format!("{label} {line}"));
+                }
+            })?;
+    }
+    let stdout = Arc::new(Mutex::new(Vec::new()));
+    if let Some(mut pipe) = child.stdout.take() {
+        let into = Arc::clone(&stdout);
+        std::thread::Builder::new()
+            .name("hw-node-out".into())
+            .spawn(move || {
+                let mut buf = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut pipe, &mut buf);
+                *into.lock().unwrap_or_else(|e| e.into_inner()) = buf;
+            })?;
+    }
+    Ok(Watcher {
+        child,
+        step: step.clone(),
+        report_dir,
+        stdout,
+        action,
+    })
+}
+
+/// Watchers that ended: what they decided, and for a hung job under abort, the job ended through Slurm.
+fn reap(watchers: &mut BTreeMap<StepKey, Watcher>) {
+    let ended: Vec<StepKey> = watchers
+        .iter_mut()
+        .filter_map(|(key, w)| match w.child.try_wait() {
+            Ok(Some(_)) | Err(_) => Some(key.clone()),
+            Ok(None) => None,
+        })
+        .collect();
+    for key in ended {
+        let Some(mut watcher) = watchers.remove(&key) else {
+            continue;
+        };
+        let code = watcher.child.wait().ok().and_then(|s| s.code());
+        let summary = summary_of(&watcher.stdout);
+        let name = watcher.step.name();
+        if let Some(uid) = watcher.step.uid {
+            give_to(&watcher.report_dir, uid);
+        }
+        if code == Some(EXIT_HUNG) {
+            say(format!(
+                "hangwatch node: step {name} hung: {}",
+                summary.as_deref().unwrap_or("(no verdict)")
+            ));
+            if watcher.action == NodeAction::Abort {
+                end_job_through_slurm(&watcher.step.job_id, summary.as_deref());
+            }
+        } else {
+            tracing::info!(step = %name, code = ?code, "a step's watcher ended");
+        }
+    }
+}
+
+/// The watcher's one-line verdict (`summary` of its JSON), when it printed one.
+fn summary_of(stdout: &Mutex<Vec<u8>>) -> Option<String> {
+    let bytes = stdout.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let doc: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    doc.get("summary")?.as_str().map(str::to_string)
+}
+
+/// Hands the step's evidence to the job's owner (a node-local directory hangwatch made: no filesystem to wait on).
+fn give_to(dir: &Path, uid: u32) {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        if let Err(e) = std::os::unix::fs::lchown(&path, Some(uid), None) {
+            tracing::debug!(path = %path.display(), error = %e, "cannot give evidence to its owner");
+        }
+        if let Ok(entries) = std::fs::read_dir(&path) {
+            stack.extend(
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir() || t.is_file()))
+                    .map(|e| e.path()),
+            );
+        }
+    }
+}
+
+/// `scontrol update AdminComment=...` (the verdict, for `sacct` and the admins) then `scancel`: the job's state
+/// says it was cancelled, not that it failed by itself. Each under a deadline, started so that a blocked exec
+/// cannot hold the service.
+fn end_job_through_slurm(job_id: &str, summary: Option<&str>) {
+    let comment = format!(
+        "hangwatch: {}",
+        summary.unwrap_or("hung; ended by the node service")
+    );
+    let comment: String = comment
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(900)
+        .collect();
+    let mut update = hangwatch_child::external_command("scontrol");
+    update
+        .arg("update")
+        .arg(format!("JobId={job_id}"))
+        .arg(format!("AdminComment={comment}"));
+    run_slurm(update, "scontrol update");
+    let mut cancel = hangwatch_child::external_command("scancel");
+    cancel.arg(job_id);
+    if run_slurm(cancel, "scancel") {
+        say(format!(
+            "hangwatch node: job {job_id} cancelled through Slurm"
+        ));
+    }
+}
+
+fn run_slurm(command: Command, what: &str) -> bool {
+    match hangwatch_child::run_with_deadline(command, Duration::from_secs(15)) {
+        Ok(hangwatch_child::ChildOutcome::Finished { status, stderr, .. }) if status.success() => {
+            let _ = stderr;
+            true
+        }
+        Ok(hangwatch_child::ChildOutcome::Finished { status, stderr, .. }) => {
+            say(format!(
+                "hangwatch node: warning: {what} failed ({status}): {}",
+                String::from_utf8_lossy(&stderr).trim()
+            ));
+            false
+        }
+        Ok(hangwatch_child::ChildOutcome::TimedOut { .. }) => {
+            say(format!(
+                "hangwatch node: warning: {what} did not answer within 15 s"
+            ));
+            false
+        }
+        Err(e) => {
+            say(format!("hangwatch node: warning: cannot run {what}: {e}"));
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_may_ask_for_less_than_the_site_never_more() {
+        assert_eq!(
+            action_for_job(NodeAction::Abort, Some("observe")),
+            NodeAction::Observe
+        );
+        assert_eq!(
+            action_for_job(NodeAction::Observe, Some("abort")),
+            NodeAction::Observe
+        );
+        assert_eq!(action_for_job(NodeAction::Abort, None), NodeAction::Abort);
+        assert_eq!(
+            action_for_job(NodeAction::Abort, Some("requeue")),
+            NodeAction::Abort
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! `hangwatch node`, the service on each node, under a real Slurm (three emulated nodes on this machine, one
+//! service per node): a 2-node batch job that knows nothing of hangwatch (srun starts 4 ranks; rank 0 logs onto a
+//! loop-mounted ext4 that freezes) leaves RUNNING at the defaults, cancelled through Slurm with the verdict as its
+//! admin comment, and n1's service names rank 0, the write and the mount; a healthy job on the third node runs to
+//! COMPLETED beside it. The services are killed and the filesystem thawed when the test ends, also on failure.
+
+mod common;
+
+use std::fs::File;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::slurm::{scripts, SlurmCluster};
+use common::*;
+use hangwatch_testkit::{python, require, wait_until, ChildGuard, LoopExt4};
+
+fn service(cluster: &SlurmCluster, node: &str, out: &Path) -> ChildGuard {
+    let err = File::create(out.join(format!("service-{node}.err"))).expect("service log");
+    let child = hangwatch()
+        // The test cluster's configuration; a real node's Slurm has its own at the default place.
+        .env("SLURM_CONF", &cluster.conf)
+        .env("HANGWATCH_STATE_DIR", out.join(format!("state-{node}")))
+        .args([
+            "--config",
+            "/dev/null",
+            "node",
+            "--node-name",
+            node,
+            "--scan-every",
+            "1s",
+        ])
+        .arg("--report-root")
+        .arg(out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("hangwatch node starts");
+    ChildGuard::new(child, format!("hangwatch node {node}"))
+}
+
+fn service_log(out: &Path, node: &str) -> String {
+    std::fs::read_to_string(out.join(format!("service-{node}.err"))).unwrap_or_default()
+}
+
+#[test]
+fn a_job_that_knows_nothing_of_hangwatch_is_ended_through_slurm_when_its_writer_freezes() {
+    let py = python().expect("python3");
+    let fs = require!(LoopExt4::new(64));
+    let Some(cluster) = SlurmCluster::start_or_skip(3) else {
+        return;
+    };
+    let work = tempfile::tempdir().expect("temporary directory");
+    let out = work.path();
+    let _services: Vec<ChildGuard> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| service(&cluster, n, out))
+        .collect();
+    let log = fs.path().join("rank0.log");
+    let port = hangwatch_testkit::free_tcp_port().expect("a free port");
+    let rank = scripts().join("../python/rank.py");
+    // The job sets RANK from SLURM_PROCID itself, as many training scripts do; nothing of hangwatch anywhere.
+    let hung = cluster.submit(
+        out,
+        &format!(
+            "#!/bin/bash\n\
+             export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}\n\
+             srun --ntasks=4 --ntasks-per-node=2 bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID \
+             WORLD_SIZE=$SLURM_NTASKS; exec {py} {rank} --step-time 0.1 --log {log} --only-rank 0'\n",
+            py = py.display(),
+            rank = rank.display(),
+            log = log.display(),
+        ),
+        &["--nodes=2", "--ntasks=4", "-w", "n[1-2]"],
+    );
+    let healthy_out = out.join("healthy");
+    std::fs::create_dir_all(&healthy_out).expect("healthy job's directory");
+    let healthy = cluster.submit(
+        &healthy_out,
+        &format!(
+            "#!/bin/bash\nsrun --ntasks=1 {py} -c 'import time\nfor i in range(40): print(i, flush=True); time.sleep(1)'\n",
+            py = py.display()
+        ),
+        &["--nodes=1", "--ntasks=1", "-w", "n3"],
+    );
+    assert!(
+        wait_until(Duration::from_secs(120), POLL, || lines_in(&log) >= 3),
+        "rank 0 never logged; job: {}\nn1: {}",
+        cluster.job(&hung),
+        service_log(out, "n1")
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || service_log(out, "n1")
+            .contains(&format!("watching step {hung}.0"))),
+        "n1's service never watched the step: {}",
+        service_log(out, "n1")
+    );
+    let frozen = require!(fs.freeze());
+    let state = |id: &str| SlurmCluster::field(&cluster.job(id), "JobState");
+    let left_running = wait_until(Duration::from_secs(60), POLL, || {
+        !matches!(state(&hung).as_deref(), Some("RUNNING" | "PENDING") | None)
+    });
+    let n1 = service_log(out, "n1");
+    assert!(
+        left_running,
+        "the hung job is still RUNNING 60 s after the freeze: {}\nn1:\n{n1}\nn2:\n{}",
+        cluster.job(&hung),
+        service_log(out, "n2")
+    );
+    let job = cluster.job(&hung);
+    assert!(
+        job.contains("AdminComment=hangwatch:"),
+        "the verdict is the job's admin comment: {job}"
+    );
+    assert!(
+        n1.contains("rank 0")
+            && n1.contains("write")
+            && n1.contains(&fs.path().display().to_string()),
+        "n1's service names rank 0, the write and the mount:\n{n1}"
+    );
+    assert!(
+        n1.contains(&format!("job {hung} cancelled through Slurm")),
+        "{n1}"
+    );
+    drop(frozen);
+    // The job beside it was watched and left alone.
+    assert!(
+        wait_until(Duration::from_secs(90), POLL, || state(&healthy).as_deref()
+            == Some("COMPLETED")),
+        "the healthy job on n3: {}\nn3:\n{}",
+        cluster.job(&healthy),
+        service_log(out, "n3")
+    );
+    assert!(service_log(out, "n3").contains(&format!("watching step {healthy}.0")));
+}
