@@ -134,3 +134,35 @@ fn a_job_that_knows_nothing_of_hangwatch_is_ended_through_slurm_when_its_writer_
     );
     assert!(service_log(out, "n3").contains(&format!("watching step {healthy}.0")));
 }
+
+#[test]
+fn the_shipped_systemd_unit_passes_systemd_analyze_verify() {
+    let analyze = require!(installed(
+        "/usr/bin/systemd-analyze",
+        "apt-get install systemd"
+    ));
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/hangwatch-node.service"),
+    )
+    .expect("the unit file");
+    assert!(unit.contains("Type=notify") && unit.contains("WatchdogSec="));
+    // Verified with the binary under test where the package would put /usr/bin/hangwatch.
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("hangwatch-node.service");
+    std::fs::write(
+        &path,
+        unit.replace("/usr/bin/hangwatch", env!("CARGO_BIN_EXE_hangwatch")),
+    )
+    .expect("unit copy");
+    let out = std::process::Command::new(analyze)
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze runs");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
