@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::fs::File;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -16,7 +15,12 @@ use common::*;
 use hangwatch_testkit::{python, require, wait_until, ChildGuard, LoopExt4};
 
 fn service(cluster: &SlurmCluster, node: &str, out: &Path) -> ChildGuard {
-    let err = File::create(out.join(format!("service-{node}.err"))).expect("service log");
+    // Appended: a restarted service writes after the one before it.
+    let err = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out.join(format!("service-{node}.err")))
+        .expect("service log");
     let child = hangwatch()
         // The test cluster's configuration; a real node's Slurm has its own at the default place.
         .env("SLURM_CONF", &cluster.conf)
@@ -133,6 +137,125 @@ fn a_job_that_knows_nothing_of_hangwatch_is_ended_through_slurm_when_its_writer_
         service_log(out, "n3")
     );
     assert!(service_log(out, "n3").contains(&format!("watching step {healthy}.0")));
+}
+
+#[test]
+fn a_job_that_opts_out_is_only_observed_a_job_with_its_own_hangwatch_is_left_to_it_and_a_restart_picks_up(
+) {
+    let py = python().expect("python3");
+    let fs = require!(LoopExt4::new(64));
+    let Some(cluster) = SlurmCluster::start_or_skip(3) else {
+        return;
+    };
+    let work = tempfile::tempdir().expect("temporary directory");
+    let out = work.path();
+    let mut services: Vec<ChildGuard> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| service(&cluster, n, out))
+        .collect();
+    let rank = scripts().join("../python/rank.py");
+    let log = fs.path().join("rank0.log");
+    let port = hangwatch_testkit::free_tcp_port().expect("a free port");
+    let job_dir = |name: &str| {
+        let dir = out.join(name);
+        std::fs::create_dir_all(&dir).expect("job directory");
+        dir
+    };
+    // A: asks for observe; its rank 0 will block on the frozen filesystem.
+    let observed = cluster.submit(
+        &job_dir("observed"),
+        &format!(
+            "#!/bin/bash
+export HANGWATCH_ACTION=observe MASTER_ADDR=127.0.0.1 MASTER_PORT={port}
+\
+             srun --ntasks=2 bash -c 'export RANK=$SLURM_PROCID WORLD_SIZE=2; exec {py} {rank} --step-time 0.1 \
+             --log {log} --only-rank 0'\n",
+            py = py.display(),
+            rank = rank.display(),
+            log = log.display(),
+        ),
+        &["--nodes=1", "--ntasks=2", "-w", "n1"],
+    );
+    // B: watched by its own hangwatch run.
+    let own = cluster.submit(
+        &job_dir("own"),
+        &format!(
+            "#!/bin/bash\nsrun --ntasks=1 {bin} run --quiet -- {py} -c 'import time; time.sleep(60)'\n",
+            bin = env!("CARGO_BIN_EXE_hangwatch"),
+            py = py.display(),
+        ),
+        &["--nodes=1", "--ntasks=1", "-w", "n2"],
+    );
+    // C: healthy, 40 s; its node's service is killed and started again meanwhile.
+    let healthy = cluster.submit(
+        &job_dir("healthy"),
+        &format!(
+            "#!/bin/bash\nsrun --ntasks=1 {py} -c 'import time\nfor i in range(40): print(i, flush=True); time.sleep(1)'\n",
+            py = py.display()
+        ),
+        &["--nodes=1", "--ntasks=1", "-w", "n3"],
+    );
+    let logged = |node: &str, text: &str| service_log(out, node).contains(text);
+    assert!(
+        wait_until(Duration::from_secs(60), POLL, || logged(
+            "n1",
+            &format!("watching step {observed}.0")
+        ) && logged(
+            "n3",
+            &format!("watching step {healthy}.0")
+        ) && lines_in(&log) >= 3),
+        "n1:\n{}\nn3:\n{}",
+        service_log(out, "n1"),
+        service_log(out, "n3")
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), POLL, || logged(
+            "n2",
+            &format!("step {own}.0 runs its own hangwatch")
+        )),
+        "n2 stands back from a job that runs its own hangwatch:\n{}",
+        service_log(out, "n2")
+    );
+    assert!(!logged("n2", &format!("watching step {own}.0")));
+
+    // The service on n3 is killed: its watcher leaves the job; a new service watches the step again.
+    let n3 = services.pop().expect("n3's service");
+    drop(n3);
+    services.push(service(&cluster, "n3", out));
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || service_log(out, "n3")
+            .matches(&format!("watching step {healthy}.0"))
+            .count()
+            == 2),
+        "the restarted service picks the step up again:\n{}",
+        service_log(out, "n3")
+    );
+
+    let frozen = require!(fs.freeze());
+    let state = |id: &str| SlurmCluster::field(&cluster.job(id), "JobState");
+    assert!(
+        wait_until(Duration::from_secs(60), POLL, || logged(
+            "n1",
+            "blocked in kernel: rank 0"
+        )),
+        "n1 names the hang of the observed job:\n{}",
+        service_log(out, "n1")
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        state(&observed).as_deref(),
+        Some("RUNNING"),
+        "a job that asked for observe is not ended:\n{}",
+        service_log(out, "n1")
+    );
+    assert!(!logged("n1", "cancelled through Slurm"));
+    drop(frozen);
+    assert!(
+        wait_until(Duration::from_secs(90), POLL, || state(&healthy).as_deref()
+            == Some("COMPLETED")),
+        "the healthy job: {}",
+        cluster.job(&healthy)
+    );
 }
 
 #[test]
