@@ -440,6 +440,11 @@ impl Sampler {
             .collect()
     }
 
+    /// Watching a job hangwatch did not start, and no process of it is a rank (yet).
+    pub(crate) fn attached_without_ranks(&self) -> bool {
+        self.attached && !self.procs.iter().any(|p| p.rank.is_some())
+    }
+
     pub(crate) fn rank_pids(&mut self) -> Vec<(i32, Option<u32>)> {
         let mut pids: Vec<(i32, Option<u32>)> = self
             .procs

@@ -459,6 +459,13 @@ impl Supervisor {
                 fs_stuck = false;
             }
         }
+        if self.sampler.attached_without_ranks() {
+            // A watched tree with no rank in it (a batch script waiting for its srun step, a non-Python job) is
+            // not a training job to judge: its silence is not a hang, and nobody named could be the culprit.
+            stall = StallTier::Healthy;
+            failed_rank_for = None;
+            fs_stuck = false;
+        }
         let only_stuck_left = job_alive
             && self.policy.interrupted_by().is_some()
             && self.sampler.only_stuck_left(&stuck_pids(

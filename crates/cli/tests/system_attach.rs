@@ -120,3 +120,32 @@ fn a_pid_that_is_not_running_is_refused_with_what_to_give() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_watched_tree_without_a_rank_is_never_judged_hung() {
+    // A batch script waiting for its srun step: a shell and a sleep, no rank variable, silent for long.
+    let mut shell = std::process::Command::new("sh");
+    shell
+        .args(["-c", "sleep 120"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut shell, 0);
+    let mut script = shell.spawn().expect("a shell");
+    let pid = script.id().to_string();
+    let mut run = HangwatchRun::start(&["--attach", &pid, "--stall-after", "2s"], &[]);
+    std::thread::sleep(Duration::from_secs(10));
+    let still_watching = run.running();
+    let stderr = run.stderr_text();
+    kill(Pid::from_raw(run.pid() as i32), Signal::SIGTERM).expect("signal hangwatch");
+    let done = run.finish(Duration::from_secs(20));
+    let alive_after = alive(script.id());
+    // The shell and its sleep: the group the test made for them.
+    let _ = nix::sys::signal::killpg(Pid::from_raw(script.id() as i32), Signal::SIGKILL);
+    let _ = script.wait();
+    assert!(
+        still_watching,
+        "a silent tree without ranks was judged: {stderr}"
+    );
+    assert!(!done.stderr.contains("roll call"), "{}", done.stderr);
+    assert!(alive_after, "the shell was ended: {}", done.stderr);
+}
