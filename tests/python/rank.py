@@ -23,7 +23,8 @@ the store's page fault waits on the superblock, in no system call and naming no 
 `shard-*.bin` in DIR mapped read-only, as a dataset library maps its shards; each step reads one byte of a page never
 read before, 1 MiB past the last, from shard step % N: on a stopped mount the read is a page fault that waits, in no
 system call), import (DIR on sys.path; each step imports module `hw_mod_STEP` from it, as a job importing a module
-from a package directory on a shared filesystem would).
+from a package directory on a shared filesystem would), flock (an exclusive flock on DIR/shared.lock, taken and
+released, as jobs serialise a shared cache or download: a process holding it makes the rank wait).
 
 --only-rank R applies --log, --behaviour, --fs-op and --pause to rank R only, for launchers that give every rank the same
 arguments (`hangwatch run --nproc N`); --pause STEP:SECONDS sleeps before one step (a checkpoint-like pause).
@@ -166,6 +167,13 @@ class FsOp:
 
     def step(self, rank, step):
         getattr(self, "do_" + self.op)(rank, step)
+
+    def do_flock(self, rank, step):
+        import fcntl
+        if not hasattr(self, "lock_fd"):
+            self.lock_fd = os.open(os.path.join(self.directory, "shared.lock"), os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
 
     def do_mkdir(self, rank, step):
         os.mkdir(os.path.join(self.directory, "ckpt-r%d-%d" % (rank, step)))
@@ -332,7 +340,7 @@ def parse_args():
     p.add_argument("--mmap-file", help="file to map (mmap_stall)")
     p.add_argument("--trigger-file", help="start the mmap stall when this file appears (mmap_stall)")
     p.add_argument("--fs-op", choices=["mkdir", "openat", "rename", "stat", "odirect", "mmapwrite", "mmapread",
-                                          "import"],
+                                          "import", "flock"],
                    help="one filesystem call in --fs-dir every step (see above)")
     p.add_argument("--fs-dir", help="directory for --fs-op")
     p.add_argument("--only-rank", type=int,

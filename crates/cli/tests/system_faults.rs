@@ -144,3 +144,49 @@ fn a_rank_importing_a_module_from_a_package_directory_on_a_stopped_fuse_mount_na
     let summary = done.json["summary"].as_str().unwrap_or_default();
     assert!(summary.contains(path), "{summary}");
 }
+
+#[test]
+fn a_rank_waiting_for_a_lock_held_outside_the_job_names_the_holder() {
+    let py = python().expect("python3");
+    let dir = tempfile::tempdir().expect("lock directory");
+    let lock = dir.path().join("shared.lock");
+    let mut holder_pid = 0;
+    let done = rank_0_blocked_in(py, "flock", dir.path(), || {
+        // A process outside the job (a cache cleaner, a download helper) takes the lock and keeps it.
+        let mut holder = std::process::Command::new(py)
+            .arg("-c")
+            .arg(format!(
+                "import fcntl, os, sys, time\nfd = os.open({:?}, os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n\
+                 print('held', flush=True)\ntime.sleep(120)\n",
+                lock.display().to_string()
+            ))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("the lock holder starts");
+        let mut line = String::new();
+        let stdout = holder.stdout.take().expect("its stdout");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+            .expect("the holder says it holds the lock");
+        holder_pid = holder.id() as i32;
+        hangwatch_testkit::ChildGuard::new(holder, "lock holder")
+    });
+    done.assert_code(75);
+    let culprit = done.culprit(0);
+    assert_eq!(culprit["syscall"], "flock", "{}", done.describe());
+    let holder = &culprit["lock_wait"]["holders"][0];
+    assert_eq!(
+        holder["pid"].as_i64(),
+        Some(i64::from(holder_pid)),
+        "{}",
+        done.describe()
+    );
+    assert_eq!(holder["in_job"], false);
+    let reason = culprit["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(&format!(
+            "is held by pid {holder_pid} (python3), not a process of the job"
+        )),
+        "the verdict names the holder: {reason}\n{}",
+        done.describe()
+    );
+}

@@ -777,6 +777,7 @@ mod tests {
             death: None,
             thread_name: None,
             page_fault: None,
+            lock_wait: None,
         });
         let rows = |v: &Verdict| v.ranks.iter().filter_map(|r| r.rank).collect::<Vec<_>>();
         let n2 = verdict_for_node(&full, "n2");

@@ -191,6 +191,7 @@ mod tests {
             death: None,
             thread_name: None,
             page_fault: None,
+            lock_wait: None,
         });
         assert!(is_conclusive(&d));
         assert!(
@@ -220,6 +221,7 @@ mod tests {
                 death: None,
                 thread_name: None,
                 page_fault: None,
+                lock_wait: None,
             });
             v
         };

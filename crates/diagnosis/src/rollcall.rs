@@ -411,6 +411,23 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             }
         }
     }
+    // A rank waiting for a file lock that someone holds is what its peers wait on, however many wait with it; the
+    // holder is named in its reason (the next hop).
+    if matches!(kind, None | Some(VerdictKind::CollectiveHang)) {
+        let lock_waiters: Vec<usize> = (0..entries.len())
+            .filter(|&i| {
+                entries[i]
+                    .process
+                    .lock_waits
+                    .iter()
+                    .any(|w| !w.holders.is_empty())
+            })
+            .collect();
+        if !lock_waiters.is_empty() && lock_waiters.len() < entries.len() {
+            kind = Some(VerdictKind::Diverged);
+            culprit_idx = lock_waiters;
+        }
+    }
     // A worker stuck on a filesystem holds its rank, and so everyone, up: it outranks every other finding but a
     // rank that is itself blocked in the kernel, next to which it is listed.
     let stuck_workers: Vec<usize> = (0..workers.len())
@@ -838,6 +855,7 @@ fn culprit(entry: &Entry, ctx: &Ctx, kind: VerdictKind) -> Culprit {
             .flatten(),
         thread_name: entry.position.thread_name.clone(),
         page_fault: entry.page_fault.clone(),
+        lock_wait: entry.process.lock_waits.first().cloned(),
     }
 }
 
@@ -893,11 +911,48 @@ fn reason(entry: &Entry, kind: VerdictKind) -> String {
             format!("computing in {} while its peers wait", p.where_)
         }
         _ => format!(
-            "in {} ({}), unlike its peers",
+            "in {} ({}), unlike its peers{}",
             p.where_,
-            state_words(p.state)
+            state_words(p.state),
+            entry
+                .process
+                .lock_waits
+                .first()
+                .map(lock_words)
+                .unwrap_or_default()
         ),
     }
+}
+
+/// "; the lock (FLOCK on 08:01:131090) is held by pid 4242 (sh), not a process of the job".
+fn lock_words(wait: &hangwatch_model::LockWait) -> String {
+    let holders: Vec<String> = wait
+        .holders
+        .iter()
+        .map(|h| {
+            let whose = if h.in_job {
+                "a process of the job"
+            } else {
+                "not a process of the job"
+            };
+            match &h.comm {
+                Some(comm) => format!("pid {} ({comm}), {whose}", h.pid),
+                None => format!("pid {}, {whose}", h.pid),
+            }
+        })
+        .collect();
+    if holders.is_empty() {
+        return format!(
+            "; it waits for a lock ({} on {}) whose holder is not known",
+            wait.class, wait.file
+        );
+    }
+    format!(
+        "; the lock ({} on {}) is held by {}",
+        wait.class,
+        wait.file,
+        holders.join(" and ")
+    )
 }
 
 /// Whether the filesystem a rank uses (`mount` as the rank sees it, `key` its identity) answered its probe on

@@ -831,3 +831,42 @@ fn a_rank_in_a_page_fault_names_the_mapped_file_and_its_mount() {
         )
     );
 }
+
+#[test]
+fn a_rank_waiting_for_a_lock_someone_holds_is_the_culprit_even_in_an_even_split() {
+    use hangwatch_model::{LockHolder, LockWait};
+    let mut procs = ranks(2);
+    procs[0].threads[0] = thread(
+        1000,
+        'S',
+        "flock_lock_inode_wait",
+        in_call("flock", 73, "/cache/shared.lock", "/cache", "ext4"),
+    );
+    procs[0].python = py(&[("do_flock", "/work/rank.py"), ("main", "/work/rank.py")]);
+    procs[0].lock_waits = vec![LockWait {
+        class: "FLOCK".into(),
+        file: "08:01:131090".into(),
+        holders: vec![LockHolder {
+            pid: 4242,
+            comm: Some("cache-cleaner".into()),
+            in_job: false,
+        }],
+    }];
+    let v = roll_call(&input(procs.clone(), vec![]));
+    assert_eq!(v.kind, VerdictKind::Diverged, "{}", v.summary);
+    assert_eq!(v.culprits.len(), 1);
+    assert_eq!(v.culprits[0].rank, Some(0));
+    let reason = v.culprits[0].reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("the lock (FLOCK on 08:01:131090) is held by pid 4242 (cache-cleaner), not a process of the job"),
+        "{reason}"
+    );
+    assert_eq!(
+        v.culprits[0].lock_wait.as_ref().map(|w| w.holders[0].pid),
+        Some(4242)
+    );
+    // Without the holder known, an even split still names nobody.
+    procs[0].lock_waits[0].holders.clear();
+    let v = roll_call(&input(procs, vec![]));
+    assert_eq!(v.kind, VerdictKind::Unknown, "{}", v.summary);
+}

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hangwatch_diagnosis::{mounts_to_probe_as_seen, superblock_waiter, wants_mappings};
 use hangwatch_model::{
-    MappedFiles, NodeObservations, ProbeResult, ProcId, ProcessObservation, SyscallObservation,
-    WorkerOf, NODE_OBSERVATIONS_VERSION,
+    LockHolder, LockWait, MappedFiles, NodeObservations, ProbeResult, ProcId, ProcessObservation,
+    SyscallObservation, WorkerOf, NODE_OBSERVATIONS_VERSION,
 };
 use hangwatch_proc::{
     mapped_files, observe_process, parse_maps, resolve_file_ref, MountTable, ProcFs, ReadError,
@@ -261,6 +261,7 @@ pub fn take_roll_call(
         &options.stacks.program,
         options.stacks.per_pid_timeout,
     );
+    fill_lock_waits(procfs, &mut observations);
 
     let mut unreadable = Vec::new();
     let mut stacks_prepared = 0;
@@ -445,6 +446,48 @@ fn fill_path_arguments(
                 o.read_issues.push(format!("thread {}: {why}", t.tid));
             }
         }
+    }
+}
+
+/// System calls that wait for a file lock.
+const LOCK_CALLS: &[&str] = &["flock", "fcntl", "fcntl64"];
+
+/// For every process with a thread in a lock call: the locks it waits for and who holds them (/proc/locks, read
+/// once, only when some process waits in such a call; it lists the kernel's locks and touches no filesystem).
+fn fill_lock_waits(procfs: &ProcFs, observations: &mut [ProcessObservation]) {
+    let waiting = |o: &ProcessObservation| {
+        o.threads.iter().any(|t| {
+            matches!(&t.syscall, Some(SyscallObservation::InSyscall { name: Some(name), .. })
+                if LOCK_CALLS.contains(&name.as_str()))
+        })
+    };
+    if !observations.iter().any(waiting) {
+        return;
+    }
+    let locks = match procfs.locks() {
+        Ok(locks) => locks,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read /proc/locks");
+            return;
+        }
+    };
+    let job: Vec<i32> = observations.iter().map(|o| o.pid).collect();
+    for o in observations.iter_mut().filter(|o| waiting(o)) {
+        o.lock_waits = hangwatch_proc::holders_of_waits(&locks, o.pid)
+            .into_iter()
+            .map(|(wait, holders)| LockWait {
+                class: wait.class,
+                file: wait.file,
+                holders: holders
+                    .into_iter()
+                    .map(|h| LockHolder {
+                        pid: h.pid,
+                        comm: procfs.stat(h.pid).ok().map(|s| s.comm),
+                        in_job: job.contains(&h.pid),
+                    })
+                    .collect(),
+            })
+            .collect();
     }
 }
 

@@ -58,6 +58,30 @@ pub struct ProcessObservation {
     /// them (`hangwatch_diagnosis::answer`); the node's own evidence keeps every thread.
     #[serde(default, skip_serializing_if = "crate::is_zero")]
     pub threads_folded: u32,
+    /// The file locks this process waits for (a thread in `flock()` or `fcntl()`), each with who holds it (from
+    /// /proc/locks): the next hop when a rank waits for a lock.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lock_waits: Vec<LockWait>,
+}
+
+/// A file lock a process waits for, and the processes that hold it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LockWait {
+    /// `FLOCK`, `POSIX` or `OFDLCK`.
+    pub class: String,
+    /// The locked file as the kernel names it (`MAJ:MIN:INODE`); its path is the waiting call's file.
+    pub file: String,
+    pub holders: Vec<LockHolder>,
+}
+
+/// A process holding a lock that a rank waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LockHolder {
+    pub pid: i32,
+    /// Its `comm`.
+    pub comm: Option<String>,
+    /// One of the job's processes (a rank or a worker of one), or someone else's.
+    pub in_job: bool,
 }
 
 /// The file-backed mappings of a process (`/proc/PID/maps`), each placed on its mount.

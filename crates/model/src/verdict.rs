@@ -337,6 +337,9 @@ pub struct Culprit {
     /// file, or which files it may be.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page_fault: Option<PageFault>,
+    /// Set when the rank waits for a file lock: the lock and who holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_wait: Option<crate::LockWait>,
 }
 
 /// A thread blocked in a page fault on a memory-mapped file. `path`, `mount` and `fstype` of the culprit name the
@@ -395,6 +398,7 @@ impl Culprit {
             death: None,
             thread_name: None,
             page_fault: None,
+            lock_wait: None,
         }
     }
 }

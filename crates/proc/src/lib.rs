@@ -14,6 +14,7 @@ mod fdinfo;
 mod identity;
 mod io;
 mod kernel;
+mod locks;
 mod maps;
 mod mountinfo;
 mod observe;
@@ -43,6 +44,7 @@ pub use hangwatch_kernel::syscall::{
 pub use identity::{filesystem_id, is_initial_pid_namespace, INITIAL_PID_NAMESPACE};
 pub use io::{parse_io, IoCounters};
 pub use kernel::{parse_stack, parse_wchan};
+pub use locks::{holders_of_waits, parse_locks, FileLock};
 pub use maps::{mapped_files, parse_maps, Mapping, MAX_MAPPED_FILES};
 pub use mountinfo::{parse_mountinfo, unescape, Mount, MountTable};
 pub use observe::{decode_syscall, observe_process, observe_threads, ProcessSample, ThreadSample};

@@ -159,6 +159,17 @@ impl ProcFs {
         Ok(crate::cgroup::parse_proc_cgroup(&text))
     }
 
+    /// `/proc/locks`: every file lock on the node and who waits for which (the kernel's lists; no filesystem
+    /// touched).
+    pub fn locks(&self) -> Result<Vec<crate::FileLock>, ReadError> {
+        let path = self.root.join("locks");
+        let text = std::fs::read_to_string(&path).map_err(|source| ReadError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(crate::parse_locks(&text))
+    }
+
     pub fn io(&self, pid: i32) -> Result<IoCounters, ReadError> {
         self.parse(pid, None, self.pid_dir(pid).join("io"), parse_io)
     }

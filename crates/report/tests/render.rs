@@ -339,6 +339,7 @@ fn big_verdict() -> Verdict {
         death: None,
         thread_name: None,
         page_fault: None,
+        lock_wait: None,
     }];
     v.groups = vec![
         Group {
