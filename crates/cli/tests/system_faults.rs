@@ -190,3 +190,71 @@ fn a_rank_waiting_for_a_lock_held_outside_the_job_names_the_holder() {
         done.describe()
     );
 }
+
+#[test]
+fn a_rank_logging_into_a_fifo_whose_shipper_is_stuck_on_a_frozen_mount_names_the_shipper_and_the_mount(
+) {
+    let py = python().expect("python3");
+    let fs = require!(hangwatch_testkit::LoopExt4::new(64));
+    let dir = tempfile::tempdir().expect("fifo directory");
+    let fifo = dir.path().join("rank0.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let shipped = fs.path().join("all.log");
+    // A log shipper outside the job: reads the FIFO (its buffer made one page, so that it fills in seconds) and
+    // appends what it reads to a file on the filesystem that will freeze.
+    let shipper = std::process::Command::new(py)
+        .arg("-c")
+        .arg(format!(
+            "import fcntl, os, time\n\
+             fd = os.open({fifo:?}, os.O_RDONLY | os.O_NONBLOCK)\n\
+             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)\n\
+             fcntl.fcntl(fd, 1031, 4096)\n\
+             out = open({shipped:?}, 'ab')\n\
+             while True:\n\
+             \x20   data = os.read(fd, 4096)\n\
+             \x20   if not data:\n\
+             \x20       time.sleep(0.05)\n\
+             \x20       continue\n\
+             \x20   out.write(data)\n\
+             \x20   out.flush()\n",
+            fifo = fifo.display().to_string(),
+            shipped = shipped.display().to_string(),
+        ))
+        .spawn()
+        .expect("the shipper starts");
+    let shipper_pid = shipper.id() as i32;
+    let _shipper = hangwatch_testkit::ChildGuard::new(shipper, "log shipper");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let fifo_s = fifo.to_string_lossy().into_owned();
+    let mut run = HangwatchRun::start(
+        &["--nproc", "2", "--stall-after", STALL_AFTER, "--quiet"],
+        &rank_job(
+            py,
+            &["--step-time", "0.02", "--log", &fifo_s, "--only-rank", "0"],
+        ),
+    );
+    assert!(
+        hangwatch_testkit::wait_until(std::time::Duration::from_secs(30), POLL, || lines_in(
+            &shipped
+        ) >= 3),
+        "the shipper never wrote rank 0's lines:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    let frozen = require!(fs.freeze());
+    let done = run.finish(STALL + std::time::Duration::from_secs(60));
+    drop(frozen);
+    done.assert_code(75);
+    let culprit = done.culprit(0);
+    let summary = done.json["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.contains(&format!("its pipe's reader, pid {shipper_pid} (python3), not a process of the job, is in uninterruptible sleep (D) in write() on {}", shipped.display())),
+        "the verdict names the shipper and its file: {summary}\n{}",
+        done.describe()
+    );
+    assert!(
+        summary.contains(&format!("{} (ext4) does not respond", fs.path().display())),
+        "and its mount, probed: {summary}"
+    );
+    assert_eq!(culprit["syscall"], "write", "{}", done.describe());
+}

@@ -143,6 +143,15 @@ pub fn mounts_to_probe_as_seen(
                 add(process, file);
             }
         }
+        // The reader of a pipe the rank is blocked writing, stuck on a filesystem of its own (the next hop).
+        for reader in &process.pipe_readers {
+            let position = classify(&reader.observation, window_ms);
+            if let Some(file) = position.file.as_ref().filter(|f| is_filesystem_file(f)) {
+                if position.filesystem_wait || position.state == 'D' {
+                    add(&reader.observation, file);
+                }
+            }
+        }
     }
     out
 }
@@ -154,6 +163,66 @@ struct Entry<'a> {
     node: usize,
     /// The page fault of its telling thread, with the file named once the node's probes answered.
     page_fault: Option<PageFault>,
+    /// The reader of a pipe it is blocked writing, when that reader is stuck itself (the next hop).
+    stuck_reader: Option<StuckReader>,
+}
+
+/// A process holding the read end of a pipe a rank is blocked writing, stuck itself (in D, in a filesystem
+/// wait, or stopped).
+struct StuckReader {
+    pid: i32,
+    comm: Option<String>,
+    in_job: bool,
+    position: Position,
+}
+
+impl StuckReader {
+    fn of(process: &ProcessObservation, window_ms: u64) -> Option<StuckReader> {
+        process.pipe_readers.iter().find_map(|r| {
+            let position = classify(&r.observation, window_ms);
+            let stuck = position.state == 'D'
+                || position.filesystem_wait
+                || position.condition == Condition::Stopped;
+            stuck.then(|| StuckReader {
+                pid: r.observation.pid,
+                comm: r.observation.comm.clone(),
+                in_job: r.in_job,
+                position,
+            })
+        })
+    }
+
+    /// "its pipe's reader, pid 77 (shipper), not a process of the job, is in uninterruptible sleep (D) in
+    /// write() on /logs/all.log"
+    fn words(&self) -> String {
+        let comm = self
+            .comm
+            .as_deref()
+            .map(|c| format!(" ({c})"))
+            .unwrap_or_default();
+        let whose = if self.in_job {
+            "a process of the job"
+        } else {
+            "not a process of the job"
+        };
+        let call = self
+            .position
+            .syscall_name
+            .as_deref()
+            .map(|s| format!(" in {s}()"))
+            .unwrap_or_default();
+        let on = self
+            .position
+            .file
+            .as_ref()
+            .map(|f| format!(" on {}", f.path))
+            .unwrap_or_default();
+        format!(
+            "its pipe's reader, pid {}{comm}, {whose}, is in {}{call}{on}",
+            self.pid,
+            state_words(self.position.state)
+        )
+    }
 }
 
 /// The observations a decision is made from, and whether they span more than one node.
@@ -296,6 +365,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             position,
             node,
             page_fault,
+            stuck_reader: StuckReader::of(process, nodes[node].window_ms),
         }
     };
     let mut entries: Vec<Entry> = Vec::new();
@@ -411,8 +481,8 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             }
         }
     }
-    // A rank waiting for a file lock that someone holds is what its peers wait on, however many wait with it; the
-    // holder is named in its reason (the next hop).
+    // A rank waiting for a file lock that someone holds, or writing a pipe whose reader is stuck, is what its peers
+    // wait on, however many wait with it; the holder or the reader is named with it (the next hop).
     if matches!(kind, None | Some(VerdictKind::CollectiveHang)) {
         let lock_waiters: Vec<usize> = (0..entries.len())
             .filter(|&i| {
@@ -421,6 +491,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
                     .lock_waits
                     .iter()
                     .any(|w| !w.holders.is_empty())
+                    || entries[i].stuck_reader.is_some()
             })
             .collect();
         if !lock_waiters.is_empty() && lock_waiters.len() < entries.len() {
@@ -919,6 +990,10 @@ fn reason(entry: &Entry, kind: VerdictKind) -> String {
                 .lock_waits
                 .first()
                 .map(lock_words)
+                .or_else(|| entry
+                    .stuck_reader
+                    .as_ref()
+                    .map(|r| format!("; {}", r.words())))
                 .unwrap_or_default()
         ),
     }
@@ -1133,12 +1208,28 @@ fn summarize(
             None => with_rest(format!("{} {}{more}", who(e, ctx), e.position.where_)),
         },
         (VerdictKind::Busy, Some(e)) => with_rest(format!("{} is computing in {}{more}", who(e, ctx), e.position.where_)),
-        (VerdictKind::Diverged, Some(e)) => with_rest(format!(
-            "{} is the odd one out: {} in {}{more}",
-            who(e, ctx),
-            state_words(e.position.state),
-            e.position.where_
-        )),
+        (VerdictKind::Diverged, Some(e)) => {
+            let hop = match (&e.stuck_reader, e.process.lock_waits.first()) {
+                (Some(reader), _) => {
+                    let fs = reader
+                        .position
+                        .file
+                        .as_ref()
+                        .and_then(|f| Some((f.mount.as_deref()?, f)))
+                        .map(|(m, f)| format!(": {}", fs_words(m, f.filesystem_key().unwrap_or(m), ctx.node_name(e), filesystems)))
+                        .unwrap_or_default();
+                    format!("; {}{fs}", reader.words())
+                }
+                (None, Some(wait)) => lock_words(wait),
+                (None, None) => String::new(),
+            };
+            with_rest(format!(
+                "{} is the odd one out: {} in {}{hop}{more}",
+                who(e, ctx),
+                state_words(e.position.state),
+                e.position.where_
+            ))
+        }
         (VerdictKind::CollectiveHang, _) => format!(
             "all {} ranks{} wait in {}: no rank stands out (a collective that never completes, or a peer on another node)",
             n_ranks,

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hangwatch_diagnosis::{mounts_to_probe_as_seen, superblock_waiter, wants_mappings};
 use hangwatch_model::{
-    LockHolder, LockWait, MappedFiles, NodeObservations, ProbeResult, ProcId, ProcessObservation,
-    SyscallObservation, WorkerOf, NODE_OBSERVATIONS_VERSION,
+    LockHolder, LockWait, MappedFiles, NodeObservations, PipeReader, ProbeResult, ProcId,
+    ProcessObservation, SyscallObservation, WorkerOf, NODE_OBSERVATIONS_VERSION,
 };
 use hangwatch_proc::{
     mapped_files, observe_process, parse_maps, resolve_file_ref, MountTable, ProcFs, ReadError,
@@ -262,6 +262,7 @@ pub fn take_roll_call(
         options.stacks.per_pid_timeout,
     );
     fill_lock_waits(procfs, &mut observations);
+    fill_pipe_readers(procfs, &mut observations, options.window, clk_tck);
 
     let mut unreadable = Vec::new();
     let mut stacks_prepared = 0;
@@ -486,6 +487,77 @@ fn fill_lock_waits(procfs: &ProcFs, observations: &mut [ProcessObservation]) {
                         in_job: job.contains(&h.pid),
                     })
                     .collect(),
+            })
+            .collect();
+    }
+}
+
+/// The most readers of one pipe observed (a pipe has one reader; a FIFO a few).
+const MAX_PIPE_READERS: usize = 4;
+
+/// The pipe or FIFO a thread of `o` is blocked writing, as the writer names it (`pipe:[5678]`, a FIFO's path).
+fn pipe_written(o: &ProcessObservation) -> Option<String> {
+    o.threads.iter().find_map(|t| {
+        let in_pipe_write = t
+            .wchan
+            .as_deref()
+            .is_some_and(hangwatch_kernel::frames::is_pipe_write_wait);
+        match &t.syscall {
+            Some(SyscallObservation::InSyscall {
+                file: Some(file), ..
+            }) if in_pipe_write => Some(file.path.clone()),
+            _ => None,
+        }
+    })
+}
+
+/// For every process blocked writing a pipe or FIFO: the processes that hold its read end (a scan of every
+/// process's descriptors, by `readlink` and fdinfo only, done only when some rank waits so), each observed as a
+/// rank is. The one that stopped reading, and why (its own call, file and mount), is what the rank waits on.
+fn fill_pipe_readers(
+    procfs: &ProcFs,
+    observations: &mut [ProcessObservation],
+    window: Duration,
+    clk_tck: u64,
+) {
+    let writers: Vec<(usize, String)> = observations
+        .iter()
+        .enumerate()
+        .filter_map(|(i, o)| pipe_written(o).map(|pipe| (i, pipe)))
+        .collect();
+    if writers.is_empty() {
+        return;
+    }
+    let job: Vec<i32> = observations.iter().map(|o| o.pid).collect();
+    let everyone = procfs.all_stats();
+    for (i, pipe) in writers {
+        let writer = observations[i].pid;
+        let readers: Vec<i32> = everyone
+            .iter()
+            .map(|s| s.pid)
+            .filter(|&pid| pid != writer)
+            .filter(|&pid| {
+                procfs
+                    .open_fds(pid)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .any(|fd| {
+                        procfs.fd_link(pid, fd).is_ok_and(|link| link == pipe)
+                        // O_WRONLY is 1: a descriptor open for reading (or both) is a reader's.
+                        && procfs.fdinfo(pid, fd).is_ok_and(|info| info.flags & 3 != 1)
+                    })
+            })
+            .take(MAX_PIPE_READERS)
+            .collect();
+        observations[i].pipe_readers = readers
+            .into_iter()
+            .filter_map(|pid| {
+                let observation = procfs.observe_process(pid, window, clk_tck).ok()?;
+                Some(PipeReader {
+                    pipe: pipe.clone(),
+                    in_job: job.contains(&pid),
+                    observation: Box::new(observation),
+                })
             })
             .collect();
     }

@@ -1,5 +1,6 @@
 //! Kernel stack frames that say nothing of where a task waits: the scheduler's (it is asleep) and the system call
-//! entry's (it is in a system call). Frames are compared by their base name (no offset, module or `.isra` suffix).
+//! entry's (it is in a system call); and the wait of a pipe's writer for room. Frames are compared by their base
+//! name (no offset, module or `.isra` suffix).
 
 /// Frames that only say "asleep": the kernel's own wchan skips them too.
 pub const SCHEDULER_FRAMES: &[&str] = &[
@@ -44,9 +45,25 @@ pub fn is_entry_frame(function: &str) -> bool {
     ENTRY_FRAMES.contains(&function)
 }
 
+/// Whether a wait channel or frame is a pipe's (or FIFO's) writer waiting for its reader to make room:
+/// `pipe_write`, `anon_pipe_write` (Linux 6.x), `pipe_wait_writable`.
+pub fn is_pipe_write_wait(frame: &str) -> bool {
+    frame.contains("pipe_write") || frame.contains("pipe_wait_writable")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pipe_writer_waiting_for_room_is_told_from_other_waits() {
+        for wait in ["pipe_write", "anon_pipe_write", "pipe_wait_writable"] {
+            assert!(is_pipe_write_wait(wait), "{wait}");
+        }
+        for other in ["pipe_read", "wait_woken", "percpu_rwsem_wait", "futex_wait_queue"] {
+            assert!(!is_pipe_write_wait(other), "{other}");
+        }
+    }
 
     #[test]
     fn scheduler_and_entry_frames_are_told_apart() {

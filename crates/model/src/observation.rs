@@ -62,6 +62,22 @@ pub struct ProcessObservation {
     /// /proc/locks): the next hop when a rank waits for a lock.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lock_waits: Vec<LockWait>,
+    /// Set when a thread of this process is blocked writing a pipe or FIFO: the processes that hold its read end,
+    /// each observed as a rank is (its threads, calls and files), since the one that stopped reading is what the
+    /// rank waits on (the next hop).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pipe_readers: Vec<PipeReader>,
+}
+
+/// A process holding the read end of a pipe or FIFO that a rank is blocked writing.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PipeReader {
+    /// The pipe as the writer names it (`pipe:[5678]`, or the FIFO's path).
+    pub pipe: String,
+    /// One of the job's processes, or someone else's (a log shipper).
+    pub in_job: bool,
+    /// The reader, observed (boxed: most processes have no reader to carry).
+    pub observation: Box<ProcessObservation>,
 }
 
 /// A file lock a process waits for, and the processes that hold it.

@@ -113,6 +113,18 @@ impl ProcFs {
         }
     }
 
+    /// The descriptors a process has open, ascending (the names in `/proc/PID/fd`; [`ProcFs::fd_link`] names
+    /// each without touching its filesystem).
+    pub fn open_fds(&self, pid: i32) -> Result<Vec<i32>, ReadError> {
+        let dir = self.pid_dir(pid).join("fd");
+        let entries = std::fs::read_dir(&dir).map_err(|e| self.classify(pid, None, &dir, e))?;
+        let mut fds: Vec<i32> = entries
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        fds.sort_unstable();
+        Ok(fds)
+    }
+
     /// Target of `/proc/PID/fd/N` (`/shared/log.txt`, `pipe:[10047]`), by `readlink` only.
     pub fn fd_link(&self, pid: i32, fd: i32) -> Result<String, ReadError> {
         self.link(pid, self.pid_dir(pid).join("fd").join(fd.to_string()))
