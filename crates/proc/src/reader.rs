@@ -48,13 +48,18 @@ impl ProcFs {
 
     /// Thread ids of a process, ascending.
     pub fn list_threads(&self, pid: i32) -> Result<Vec<i32>, ReadError> {
-        let dir = self.pid_dir(pid).join("task");
+        self.numbered_entries(pid, "task")
+    }
+
+    /// The numbered names in `/proc/PID/<dir>` (threads, descriptors), ascending.
+    fn numbered_entries(&self, pid: i32, dir: &str) -> Result<Vec<i32>, ReadError> {
+        let dir = self.pid_dir(pid).join(dir);
         let entries = std::fs::read_dir(&dir).map_err(|e| self.classify(pid, None, &dir, e))?;
-        let mut tids: Vec<i32> = entries
+        let mut numbers: Vec<i32> = entries
             .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
             .collect();
-        tids.sort_unstable();
-        Ok(tids)
+        numbers.sort_unstable();
+        Ok(numbers)
     }
 
     /// `/proc/PID/stat`: the process as a whole.
@@ -116,13 +121,7 @@ impl ProcFs {
     /// The descriptors a process has open, ascending (the names in `/proc/PID/fd`; [`ProcFs::fd_link`] names
     /// each without touching its filesystem).
     pub fn open_fds(&self, pid: i32) -> Result<Vec<i32>, ReadError> {
-        let dir = self.pid_dir(pid).join("fd");
-        let entries = std::fs::read_dir(&dir).map_err(|e| self.classify(pid, None, &dir, e))?;
-        let mut fds: Vec<i32> = entries
-            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-            .collect();
-        fds.sort_unstable();
-        Ok(fds)
+        self.numbered_entries(pid, "fd")
     }
 
     /// Target of `/proc/PID/fd/N` (`/shared/log.txt`, `pipe:[10047]`), by `readlink` only.
