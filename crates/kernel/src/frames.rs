@@ -60,7 +60,12 @@ mod tests {
         for wait in ["pipe_write", "anon_pipe_write", "pipe_wait_writable"] {
             assert!(is_pipe_write_wait(wait), "{wait}");
         }
-        for other in ["pipe_read", "wait_woken", "percpu_rwsem_wait", "futex_wait_queue"] {
+        for other in [
+            "pipe_read",
+            "wait_woken",
+            "percpu_rwsem_wait",
+            "futex_wait_queue",
+        ] {
             assert!(!is_pipe_write_wait(other), "{other}");
         }
     }

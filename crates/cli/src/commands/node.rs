@@ -412,10 +412,7 @@ fn end_job_through_slurm(job_id: &str, summary: Option<&str>) {
 
 fn run_slurm(command: Command, what: &str) -> bool {
     match hangwatch_child::run_with_deadline(command, Duration::from_secs(15)) {
-        Ok(hangwatch_child::ChildOutcome::Finished { status, stderr, .. }) if status.success() => {
-            let _ = stderr;
-            true
-        }
+        Ok(hangwatch_child::ChildOutcome::Finished { status, .. }) if status.success() => true,
         Ok(hangwatch_child::ChildOutcome::Finished { status, stderr, .. }) => {
             say(format!(
                 "hangwatch node: warning: {what} failed ({status}): {}",
