@@ -103,7 +103,7 @@ pub fn history_db_path() -> PathBuf {
 }
 
 /// `/var/tmp/hangwatch-<uid>`: the usual per-user root.
-fn default_root(uid: u32) -> PathBuf {
+pub fn default_root(uid: u32) -> PathBuf {
     PathBuf::from(format!("/var/tmp/hangwatch-{uid}"))
 }
 
@@ -197,7 +197,8 @@ pub fn squat_of(is_symlink: bool, is_dir: bool, owner: u32, euid: u32) -> Option
     }
 }
 
-fn squatted(path: &Path, euid: u32) -> Option<Squat> {
+/// [`squat_of`] for `path` as it is now (`lstat`); `None` when it is ours or absent.
+pub fn squatted(path: &Path, euid: u32) -> Option<Squat> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::symlink_metadata(path).ok()?;
     squat_of(

@@ -89,6 +89,19 @@ pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
              your own job, put `hangwatch run` in its script",
         ));
     }
+    // The loop creates each step's directory itself: under a root on a network or FUSE filesystem that stops, it
+    // would stop too (and with it every watch on the node).
+    if let Some(root) = args
+        .report_root
+        .as_deref()
+        .filter(|r| !crate::dirs::node_local(r))
+    {
+        return Err(usage(format!(
+            "--report-root {} is on a network or FUSE filesystem, which the service must never wait on: give a \
+             node-local directory (the default is each job owner's /var/tmp/hangwatch-<uid>)",
+            root.display()
+        )));
+    }
     let program = hangwatch_child::self_exe()?;
     let options = StackReadOptions::for_self()?;
     let procfs = ProcFs::new("/proc");
@@ -215,7 +228,7 @@ fn own_hangwatch(procfs: &ProcFs, tasks: &[i32]) -> Option<i32> {
 /// The report directory of `step`: under `root`, else under its owner's `/var/tmp/hangwatch-<uid>` (made
 /// theirs, 0700; a directory there that someone else owns is not used).
 fn step_report_dir(step: &StepOnNode, root: Option<&Path>) -> anyhow::Result<PathBuf> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::PermissionsExt;
     let uid = step.uid.unwrap_or(0);
     let name = format!(
         "step-{}-{}-{}",
@@ -226,22 +239,19 @@ fn step_report_dir(step: &StepOnNode, root: Option<&Path>) -> anyhow::Result<Pat
     let root = match root {
         Some(root) => root.to_path_buf(),
         None => {
-            let root = PathBuf::from(format!("/var/tmp/hangwatch-{uid}"));
-            match std::fs::symlink_metadata(&root) {
-                Ok(meta) if !meta.is_dir() || meta.uid() != uid => {
-                    return Err(anyhow::anyhow!(
-                        "{} is not a directory of uid {uid}: give --report-root",
-                        root.display()
-                    ))
-                }
-                Ok(_) => root,
-                Err(_) => {
-                    std::fs::create_dir(&root)?;
-                    std::os::unix::fs::chown(&root, Some(uid), None)?;
-                    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
-                    root
-                }
+            let root = crate::dirs::default_root(uid);
+            if crate::dirs::squatted(&root, uid).is_some() {
+                return Err(anyhow::anyhow!(
+                    "{} is not a directory of uid {uid}: give --report-root",
+                    root.display()
+                ));
             }
+            if std::fs::symlink_metadata(&root).is_err() {
+                std::fs::create_dir(&root)?;
+                std::os::unix::fs::chown(&root, Some(uid), None)?;
+                std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
+            }
+            root
         }
     };
     let dir = root.join(name);
