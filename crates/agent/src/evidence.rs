@@ -125,6 +125,9 @@ pub struct RollCallRecord {
     pub took_ms: u64,
     pub window_ms: u64,
     pub processes: usize,
+    /// Processes whose first sample was read while the job stalled, before the roll call (it waited no window
+    /// for them).
+    pub first_sampled_before: u32,
 }
 
 impl RollCallRecord {
@@ -134,6 +137,7 @@ impl RollCallRecord {
             took_ms: observations.took_ms?,
             window_ms: observations.window_ms,
             processes: observations.processes().count(),
+            first_sampled_before: observations.first_sampled_before.unwrap_or(0),
         })
     }
 }

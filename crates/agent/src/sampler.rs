@@ -13,9 +13,11 @@ use hangwatch_diagnosis::ranks::RankClaim;
 use hangwatch_diagnosis::{
     thread_blocked, Blocked, Detector, FsStallTracker, ProgressSource, RankSample, Stuck,
 };
+use hangwatch_inspect::earlier::EarlierSamples;
 use hangwatch_inspect::prepared::PreparedStacks;
 use hangwatch_inspect::probe::Prober;
 use hangwatch_inspect::ranks::{ClientReports, Discovery, RankFinder};
+use hangwatch_inspect::rollcall::worker_pids;
 use hangwatch_model::{unix_now, ProcId, RankSource};
 use hangwatch_proc::ProcFs;
 
@@ -165,6 +167,8 @@ pub(crate) struct Sampler {
     last_activity_sample: Option<Instant>,
     last_blocked_sample: Option<Instant>,
     fs_stall: FsStallTracker,
+    /// Counters read while the job stalled, for the roll call ([`Sampler::earlier`]).
+    earlier: EarlierSamples,
     last_probe_reap: Option<Instant>,
     activity: HashMap<i32, u64>,
     ranks: Arc<Mutex<RankFinder>>,
@@ -210,6 +214,7 @@ impl Sampler {
             last_activity_sample: None,
             last_blocked_sample: None,
             fs_stall: FsStallTracker::new(),
+            earlier: EarlierSamples::new(),
             last_probe_reap: None,
             activity: HashMap::new(),
             ranks: Arc::new(Mutex::new(RankFinder::on_node(parts.node_rank))),
@@ -692,12 +697,20 @@ impl Sampler {
         }
     }
 
-    /// The fast path's cheap look, once a second and only while the job makes no progress (nothing is read from
-    /// a healthy job): each rank's thread states (wait channels of sleeping threads) and its I/O counters. All of
-    /// it is safe on a rank in D (/proc stat, wchan and io take no lock the rank can hold).
+    /// Counter samples of the ranks and their workers read while the job stalled: a roll call uses them as its
+    /// first sample.
+    pub(crate) fn earlier(&self) -> &EarlierSamples {
+        &self.earlier
+    }
+
+    /// The stalled job's cheap look, once a second and only while the job makes no progress (nothing is read
+    /// from a healthy job): each rank's and worker's thread counters (kept for the roll call), and for the fast
+    /// path each rank's thread states (wait channels of sleeping threads) and its I/O counters. All of it is safe
+    /// on a rank in D (/proc stat, status, wchan and io take no lock the rank can hold).
     fn sample_blocked(&mut self, detector: &Detector, now: Duration, fs_stall: Duration) {
-        if fs_stall.is_zero() || detector.stalled_for(now) < Duration::from_secs(1) {
+        if detector.stalled_for(now) < Duration::from_secs(1) {
             self.fs_stall.observe(&[], now);
+            self.earlier.clear();
             return;
         }
         if self
@@ -707,50 +720,63 @@ impl Sampler {
             return;
         }
         self.last_blocked_sample = Some(Instant::now());
-        let samples: Vec<RankSample> = self
-            .rank_pids()
-            .into_iter()
-            .map(|(pid, rank)| {
-                let mut blocked = None;
-                for tid in self.procfs.list_threads(pid).unwrap_or_default() {
-                    let Ok(st) = self.procfs.task_stat(pid, tid) else {
-                        continue;
-                    };
-                    let wchan = if st.state == 'S' {
-                        self.procfs.wchan(pid, tid).ok().flatten()
-                    } else {
-                        None
-                    };
-                    match thread_blocked(st.state, wchan.as_deref()) {
-                        Some(Blocked::Stopped) => {
-                            blocked = Some(Blocked::Stopped);
-                            break;
-                        }
-                        Some(b) => blocked = Some(b),
-                        None => {}
+        let ranks = self.rank_pids();
+        let rank_pids: Vec<i32> = ranks.iter().map(|(pid, _)| *pid).collect();
+        let workers = worker_pids(&self.procfs, &rank_pids);
+        let mut samples = Vec::with_capacity(ranks.len());
+        for &pid in rank_pids.iter().chain(&workers) {
+            if let Ok(sample) = self.procfs.sample_counters(pid) {
+                self.earlier.record(pid, sample, Instant::now());
+            }
+        }
+        let kept: std::collections::HashSet<i32> =
+            rank_pids.iter().chain(&workers).copied().collect();
+        self.earlier.retain(&kept);
+        if fs_stall.is_zero() {
+            return;
+        }
+        for (pid, rank) in ranks {
+            let threads = self
+                .earlier
+                .usable(pid, Duration::ZERO, Instant::now())
+                .map(|s| s.sample.threads.as_slice())
+                .unwrap_or_default();
+            let mut blocked = None;
+            for thread in threads {
+                let wchan = if thread.stat.state == 'S' {
+                    self.procfs.wchan(pid, thread.tid).ok().flatten()
+                } else {
+                    None
+                };
+                match thread_blocked(thread.stat.state, wchan.as_deref()) {
+                    Some(Blocked::Stopped) => {
+                        blocked = Some(Blocked::Stopped);
+                        break;
                     }
+                    Some(b) => blocked = Some(b),
+                    None => {}
                 }
-                let io = self.procfs.io(pid).ok().map(|c| {
-                    [
-                        c.rchar,
-                        c.wchar,
-                        c.syscr,
-                        c.syscw,
-                        c.read_bytes,
-                        c.write_bytes,
-                    ]
-                    .into_iter()
-                    .flatten()
-                    .fold(0u64, u64::wrapping_add)
-                });
-                RankSample {
-                    pid,
-                    rank,
-                    blocked,
-                    io,
-                }
-            })
-            .collect();
+            }
+            let io = self.procfs.io(pid).ok().map(|c| {
+                [
+                    c.rchar,
+                    c.wchar,
+                    c.syscr,
+                    c.syscw,
+                    c.read_bytes,
+                    c.write_bytes,
+                ]
+                .into_iter()
+                .flatten()
+                .fold(0u64, u64::wrapping_add)
+            });
+            samples.push(RankSample {
+                pid,
+                rank,
+                blocked,
+                io,
+            });
+        }
         self.fs_stall.observe(&samples, now);
     }
 }

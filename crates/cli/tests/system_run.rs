@@ -184,6 +184,47 @@ fn spinning_rank_is_busy() {
     assert_eq!(done.json["kind"], "busy", "{}", done.describe());
     done.culprit(2);
     assert_all_dead(done.rank_pids().into_values(), "ranks");
+
+    // The roll call took its first samples from what run read while the job stalled (it waited no window of
+    // its own), and still told the spinning thread from the sleeping ones.
+    let record: Value = serde_json::from_str(
+        &std::fs::read_to_string(done.report_dir.join("run.json")).expect("run.json"),
+    )
+    .expect("run.json is JSON");
+    let rollcall = &record["rollcall"];
+    assert_eq!(
+        rollcall["first_sampled_before"], rollcall["processes"],
+        "every first sample was read before the roll call: {record:#}"
+    );
+    assert!(rollcall["window_ms"].as_u64() >= Some(100), "{record:#}");
+    let ranks: Value = serde_json::from_str(
+        &std::fs::read_to_string(done.report_dir.join("ranks.json")).expect("ranks.json"),
+    )
+    .expect("ranks.json is JSON");
+    let main_thread = |rank: u64| {
+        let o = ranks
+            .as_array()
+            .and_then(|r| r.iter().find(|o| o["rank"] == rank))
+            .unwrap_or_else(|| panic!("no rank {rank} in ranks.json: {ranks:#}"));
+        o["threads"]
+            .as_array()
+            .and_then(|t| t.iter().find(|t| t["tid"] == o["pid"]))
+            .cloned()
+            .unwrap_or_else(|| panic!("no main thread of rank {rank}: {o:#}"))
+    };
+    let spinning = main_thread(2);
+    assert!(
+        spinning["cpu_ms_during_sample"].as_u64() > Some(0)
+            && spinning["not_running_for_ms"].is_null(),
+        "rank 2 spins: {spinning:#}"
+    );
+    for rank in [0, 1, 3] {
+        let waiting = main_thread(rank);
+        assert!(
+            waiting["state"] == "S" && waiting["cpu_ms_during_sample"] == 0,
+            "rank {rank} sleeps in the barrier: {waiting:#}"
+        );
+    }
 }
 
 #[test]

@@ -63,6 +63,7 @@ impl RollCallInput {
             observed_at_unix_s: self.now_unix_s,
             window_ms: self.window_ms,
             took_ms: None,
+            first_sampled_before: None,
             ranks,
             workers,
             probes: self.probes.clone(),

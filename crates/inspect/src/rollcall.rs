@@ -22,6 +22,7 @@ use hangwatch_proc::{
     mapped_files, observe_process, parse_maps, resolve_file_ref, MountTable, ProcFs, ReadError,
 };
 
+use crate::earlier::EarlierSamples;
 use crate::maps::read_maps;
 use crate::namespaces::{same_filesystem, MountViews};
 use crate::paths::{absolute, read_strings, StringAt};
@@ -43,6 +44,9 @@ pub struct RollCallOptions {
     pub node: Option<String>,
     /// Mounts to probe besides those the stuck ranks use (the coordinator's probe round).
     pub extra_probes: Vec<String>,
+    /// Counter samples read before (by `run`'s tick sampler while the job stalled): those old enough serve as
+    /// the first sample, so that the roll call does not wait a window for them.
+    pub earlier: EarlierSamples,
 }
 
 /// The roll call's result: what this node saw, ready to decide from or to send.
@@ -112,6 +116,12 @@ fn workers_of(procfs: &ProcFs, ranks: &[i32]) -> Vec<Worker> {
     workers
 }
 
+/// The pids of the workers of `ranks` that a roll call observes with them (the tick sampler keeps their counters
+/// too).
+pub fn worker_pids(procfs: &ProcFs, ranks: &[i32]) -> Vec<i32> {
+    workers_of(procfs, ranks).iter().map(|w| w.id.pid).collect()
+}
+
 /// Processes above this many are sampled by several threads: /proc reads cost ~15 us a file, and a node's ranks
 /// with their workers and threads make thousands.
 const SAMPLES_PER_THREAD: usize = 16;
@@ -176,19 +186,43 @@ pub fn take_roll_call(
 
     let workers = workers_of(procfs, pids);
     // The first sample only needs the counters that tell whether a thread ran; each process's window is the
-    // time between its own two samples, and the sleep makes it about `window` for every one of them.
+    // time between its own two samples. A sample the tick sampler took while the job stalled serves as the first
+    // when it is old enough; the others are read now, and the sleep makes their window about `window`.
     let all: Vec<i32> = pids
         .iter()
         .copied()
         .chain(workers.iter().map(|w| w.id.pid))
         .collect();
-    let first: Vec<(i32, Result<_, ReadError>, Instant)> = in_parallel(&all, |pid| {
-        (pid, procfs.sample_counters(pid), Instant::now())
-    });
-    let first_span = first
-        .first()
-        .map_or(Duration::ZERO, |(_, _, at)| at.elapsed());
-    std::thread::sleep(options.window.saturating_sub(first_span));
+    let now = Instant::now();
+    let fresh: Vec<i32> = all
+        .iter()
+        .copied()
+        .filter(|&pid| options.earlier.usable(pid, options.window, now).is_none())
+        .collect();
+    let mut fresh_first: HashMap<i32, (Result<_, ReadError>, Instant)> =
+        in_parallel(&fresh, |pid| {
+            (pid, (procfs.sample_counters(pid), Instant::now()))
+        })
+        .into_iter()
+        .collect();
+    let first_span = now.elapsed();
+    let first: Vec<(
+        i32,
+        Result<hangwatch_proc::ProcessSample, ReadError>,
+        Instant,
+    )> = all
+        .iter()
+        .map(|&pid| match fresh_first.remove(&pid) {
+            Some((sample, at)) => (pid, sample, at),
+            None => match options.earlier.usable(pid, options.window, now) {
+                Some(earlier) => (pid, Ok(earlier.sample.clone()), earlier.at),
+                None => (pid, Err(ReadError::ProcessExited { pid }), now),
+            },
+        })
+        .collect();
+    if !fresh.is_empty() {
+        std::thread::sleep(options.window.saturating_sub(first_span));
+    }
     let mut window = Duration::ZERO;
 
     let seconds = in_parallel(&all, |pid| (procfs.sample_process(pid), Instant::now()));
@@ -364,6 +398,7 @@ pub fn take_roll_call(
                 .map(|d| d.as_secs_f64()),
             window_ms,
             took_ms: Some(u64::try_from(took.as_millis()).unwrap_or(u64::MAX)),
+            first_sampled_before: Some(u32::try_from(all.len() - fresh.len()).unwrap_or(u32::MAX)),
             ranks,
             workers,
             probes,

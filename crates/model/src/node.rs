@@ -22,6 +22,10 @@ pub struct NodeObservations {
     /// How long the roll call took on this node, probes included (absent from older agents).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub took_ms: Option<u64>,
+    /// How many processes' first sample was read before the roll call began (by `run` while the job stalled)
+    /// rather than during it: with all of them, the roll call waited no window of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_sampled_before: Option<u32>,
     /// The rank processes (`worker_of` unset), in the order they were named.
     pub ranks: Vec<ProcessObservation>,
     /// The ranks' descendants (`worker_of` set): never ranks themselves.
@@ -51,6 +55,7 @@ impl NodeObservations {
             observed_at_unix_s: None,
             window_ms,
             took_ms: None,
+            first_sampled_before: None,
             ranks: Vec::new(),
             workers: Vec::new(),
             probes: Vec::new(),

@@ -193,6 +193,7 @@ impl Supervisor {
             stacks,
             prepared: self.sampler.stack_readers().cloned(),
             node: self.config.node.clone(),
+            earlier: self.sampler.earlier().clone(),
         };
         InvestigationJob {
             trigger,

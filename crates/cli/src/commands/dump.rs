@@ -64,6 +64,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         stacks,
         prepared: None,
         node: hostname(),
+        // A process of its own has read nothing before: it waits the window.
+        earlier: Default::default(),
     };
     let probe_timeout = args.probe_timeout;
     let rollcall = take_roll_call(&procfs, &pids, &known, &options, |mounts| {
