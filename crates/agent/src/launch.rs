@@ -31,6 +31,9 @@ pub struct LaunchSpec {
     /// job is theirs and their descendants'; hangwatch owns none of their output, and leaves them alone when it
     /// is stopped or killed.
     pub attach: Vec<i32>,
+    /// hangwatch's bootstrap directory, put first on the ranks' `PYTHONPATH` ([`crate::instrument`]); `None`:
+    /// the ranks' environment is left as it is (`--no-instrument`).
+    pub python_bootstrap: Option<std::path::PathBuf>,
 }
 
 /// One started process.
@@ -101,6 +104,19 @@ fn base_command(spec: &LaunchSpec) -> Result<Command, LaunchError> {
         cmd.env("HANGWATCH_BEATS", beats);
     }
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
+    if let Some(dir) = &spec.python_bootstrap {
+        let existing = spec
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PYTHONPATH")
+            .map(|(_, v)| std::ffi::OsString::from(v))
+            .or_else(|| std::env::var_os("PYTHONPATH"));
+        cmd.env(
+            "PYTHONPATH",
+            crate::instrument::python_path_with(dir, existing.as_deref()),
+        );
+    }
     // Python buffers a pipe's output in 8 KiB blocks: lines would arrive late and in bursts, which hides progress
     // and loses the last lines of a rank that is killed.
     if std::env::var_os("PYTHONUNBUFFERED").is_none() {
@@ -227,6 +243,7 @@ mod tests {
             master_port: None,
             env: Vec::new(),
             attach: Vec::new(),
+            python_bootstrap: None,
         }
     }
 

@@ -8,6 +8,7 @@ pub mod evidence;
 pub mod heartbeat;
 pub mod history;
 pub mod human;
+pub mod instrument;
 mod investigation;
 pub mod kernel_log;
 pub mod launch;

@@ -29,8 +29,8 @@ impl RunConfig {
             sink: None,
             tick: Duration::from_millis(200),
             // Shorter than `dump`'s 300 ms: by the time `run` takes a roll call the detector has seen seconds
-            // without progress; the window only tells threads that spin from threads that sleep, and with the
-            // stack readers prepared it is most of the roll call's time.
+            // without progress; the window only tells threads that spin from threads that sleep. Processes the
+            // tick sampler read while the job stalled wait no window: their first sample is that one.
             window: Duration::from_millis(100),
             stack_timeout: Duration::from_secs(1),
             probe_timeout: Duration::from_secs(2),
@@ -43,6 +43,7 @@ impl RunConfig {
             fs_stall: Duration::from_secs(15),
             coordinator: None,
             metrics: None,
+            instrument: true,
         }
     }
 }

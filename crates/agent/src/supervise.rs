@@ -91,6 +91,9 @@ pub struct RunConfig {
     pub coordinator: Option<LinkConfig>,
     /// Prometheus metrics (`--metrics`, `--metrics-textfile`), fed every tick.
     pub metrics: Option<Arc<hangwatch_metrics::AgentMetrics>>,
+    /// Put hangwatch's bootstrap first on the ranks' `PYTHONPATH` (beats on optimizer steps, checkpoint phases:
+    /// [`crate::instrument`]); off: the ranks' environment is left as it is.
+    pub instrument: bool,
 }
 
 /// How the run ended.

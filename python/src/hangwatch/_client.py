@@ -70,6 +70,8 @@ _slot: Any = None
 """This rank's 16 bytes (count, step) of the beat slots, when mapped."""
 _slot_map: Any = None
 _slot_count = 0
+_datagram_beats = 0
+"""Beats sent (or tried) by datagram: with `_slot_count`, every beat this process made (`beat_count()`)."""
 _slot_pack = struct.Struct("<Qq").pack_into
 _slot_fd = -1
 """The descriptor whose open file description holds this process's lock on its slot: kept open for the process's
@@ -114,6 +116,8 @@ def beat(step: Optional[int] = None) -> None:
         except Exception:
             _slot_odd_step(slot, step)
         return
+    global _datagram_beats
+    _datagram_beats += 1
     send = _send
     if send is None or not _slot_tried:
         if _mode != _DISABLED:
@@ -131,6 +135,11 @@ def beat(step: Optional[int] = None) -> None:
         _send_failed(send, exc, "beat")
     except Exception:
         _beat_odd_step(send, seq, step)
+
+
+def beat_count() -> int:
+    """How many times this process called `beat()` (slot and datagram alike)."""
+    return _slot_count + _datagram_beats
 
 
 def _slot_odd_step(slot: Any, step: Any) -> None:

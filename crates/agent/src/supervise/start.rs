@@ -68,6 +68,14 @@ impl Supervisor {
             )
             .ok();
         launch_spec.beats = beat_slots.as_ref().map(|b| b.path().to_path_buf());
+        // The bootstrap in the same private node-local directory, written before the job starts (nothing of the
+        // job's filesystems is touched); a job hangwatch only watches keeps the environment it has.
+        if config.instrument && launch_spec.attach.is_empty() {
+            launch_spec.python_bootstrap =
+                crate::instrument::write_bootstrap(&runtime.path().join("python"))
+                    .map_err(|e| tracing::warn!(error = %e, "no zero-code instrumentation: the bootstrap could not be written"))
+                    .ok();
+        }
         let kernel_log = KernelLog::follow();
         let console = config.console.map(Console::start);
         let tails = Arc::new(Tails::new(200));

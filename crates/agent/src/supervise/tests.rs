@@ -84,6 +84,7 @@ fn config() -> RunConfig {
             master_port: None,
             env: Vec::new(),
             attach: Vec::new(),
+            python_bootstrap: None,
         },
         detector: DetectorConfig {
             fixed: Some(STALL_AFTER),
@@ -109,6 +110,7 @@ fn config() -> RunConfig {
         fs_stall: Duration::ZERO,
         coordinator: None,
         metrics: None,
+        instrument: false,
     }
 }
 

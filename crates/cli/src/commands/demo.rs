@@ -203,6 +203,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         master_port: None,
         env: Vec::new(),
         attach: Vec::new(),
+        python_bootstrap: None,
     };
     let config = RunConfig {
         detector: DetectorConfig {

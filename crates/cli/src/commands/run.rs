@@ -145,6 +145,10 @@ pub struct Args {
     /// Do not prefix output lines with `[rank N]`.
     #[arg(long)]
     no_prefix: bool,
+    /// Leave the ranks' environment as it is: no hangwatch bootstrap on their PYTHONPATH, so no beats on optimizer
+    /// steps and no checkpoint phases unless the job sends them itself (docs/inside-evidence.md).
+    #[arg(long)]
+    no_instrument: bool,
     /// Do not mirror the job's output on the console (it still goes to the log file).
     #[arg(long)]
     quiet: bool,
@@ -316,6 +320,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         master_port,
         env: restart_env,
         attach: args.attach.clone(),
+        python_bootstrap: None,
     };
     let mut config = RunConfig {
         detector: DetectorConfig {
@@ -342,6 +347,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         coordinator: coordination.as_ref().map(|c| c.link.clone()),
         fs_stall: args.fs_stall,
         metrics: agent_metrics.clone(),
+        instrument: !args.no_instrument,
         ..RunConfig::new(launch, report_dir.clone())
     };
     let activity = hangwatch_agent::supervise::activity_rule(&config.detector);

@@ -1,0 +1,122 @@
+//! System tests of the zero-code instrumentation (docs/inside-evidence.md): real torch ranks (gloo, CPU) that never
+//! import hangwatch and print nothing, under `hangwatch run`. Their optimizer steps become beats, so thresholds are
+//! learned from real steps and a deadlock is ended at the learned threshold; the job's own `sitecustomize` still
+//! runs; `--no-instrument` leaves the ranks' environment as it was.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use hangwatch_testkit::{require, torch_python};
+use serde_json::Value;
+
+fn plain_job(python: &Path, args: &[&str]) -> Vec<String> {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/plain_torch_job.py");
+    [
+        python.to_string_lossy().into_owned(),
+        script.to_string_lossy().into_owned(),
+    ]
+    .into_iter()
+    .chain(args.iter().map(|a| a.to_string()))
+    .collect()
+}
+
+/// A directory with a `sitecustomize.py` of the job's own: it leaves a file named after its process in `marks`.
+fn jobs_own_sitecustomize(root: &Path) -> (PathBuf, PathBuf) {
+    let site = root.join("site");
+    let marks = root.join("marks");
+    std::fs::create_dir_all(&site).expect("site dir");
+    std::fs::create_dir_all(&marks).expect("marks dir");
+    std::fs::write(
+        site.join("sitecustomize.py"),
+        format!(
+            "import os\nopen(os.path.join({:?}, str(os.getpid())), 'w').close()\n",
+            marks.to_string_lossy()
+        ),
+    )
+    .expect("sitecustomize.py");
+    (site, marks)
+}
+
+#[test]
+fn a_silent_torch_job_learns_from_its_optimizer_steps_and_a_deadlock_is_ended_at_the_learned_threshold(
+) {
+    let torch = require!(torch_python());
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (site, marks) = jobs_own_sitecustomize(tmp.path());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
+    cmd.env("PYTHONPATH", &site);
+    // A floor of 4 s: the learned threshold (10 x the 0.2 s step, 3 x the longest) is what applies, not the 15 min
+    // warm-up that a job without beats would get.
+    let mut run = HangwatchRun::start_in(
+        cmd,
+        &["--nproc", "3", "--min-stall", "4s", "--quiet"],
+        &plain_job(
+            torch,
+            &[
+                "--step-time",
+                "0.2",
+                "--deadlock-after",
+                "25",
+                "--deadlock-rank",
+                "1",
+            ],
+        ),
+    );
+    let done = run.finish(Duration::from_secs(120));
+    done.assert_code(75);
+    done.culprit(1);
+    let thresholds: Value = serde_json::from_str(
+        &std::fs::read_to_string(done.report_dir.join("thresholds.json")).expect("thresholds.json"),
+    )
+    .expect("thresholds.json is JSON");
+    assert_eq!(thresholds["basis"], "learned", "{thresholds:#}");
+    assert_eq!(thresholds["progress_source"], "heartbeat", "{thresholds:#}");
+    assert!(
+        thresholds["samples"].as_u64() >= Some(8),
+        "learned from the optimizer steps: {thresholds:#}"
+    );
+    assert!(
+        thresholds["hard_s"].as_f64() < Some(60.0),
+        "not the warm-up: {thresholds:#}"
+    );
+    // The job's own sitecustomize ran in every rank.
+    let ran = std::fs::read_dir(&marks).expect("marks").count();
+    assert!(ran >= 3, "the job's sitecustomize ran in {ran} processes");
+}
+
+fn printed_python_path(flags: &[&str], torch: &Path) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
+    cmd.env("PYTHONPATH", "/opt/job-lib");
+    let mut run = HangwatchRun::start_in(
+        cmd,
+        &[&["--nproc", "1"], flags].concat(),
+        &plain_job(torch, &["--steps", "1", "--step-time", "0", "--print-path"]),
+    );
+    let done = run.finish(Duration::from_secs(60));
+    done.assert_code(0);
+    let out = run.stderr_text();
+    out.lines()
+        .find_map(|l| l.split("PYTHONPATH=").nth(1))
+        .unwrap_or_else(|| panic!("the job printed no PYTHONPATH: {out}"))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn no_instrument_leaves_the_ranks_python_path_as_it_was() {
+    let torch = require!(torch_python());
+    let instrumented = printed_python_path(&[], torch);
+    assert!(
+        instrumented.ends_with(":/opt/job-lib") && instrumented.contains("hangwatch-"),
+        "the bootstrap goes first, the job's path after it: {instrumented}"
+    );
+    assert_eq!(
+        printed_python_path(&["--no-instrument"], torch),
+        "/opt/job-lib"
+    );
+}

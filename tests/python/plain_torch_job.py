@@ -1,0 +1,52 @@
+"""A real torch job that knows nothing of hangwatch: it never imports it and prints nothing while it trains. Ranks
+(gloo, CPU) do an optimizer step with an all_reduce every --step-time seconds; optionally one rank deadlocks on a
+lock after --deadlock-after steps (its peers then wait in the next all_reduce), and --print-path prints PYTHONPATH
+first (for the test of what `run` puts in the ranks' environment).
+
+    hangwatch run --nproc 2 -- python tests/python/plain_torch_job.py --steps 100
+"""
+
+import argparse
+import os
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--step-time", type=float, default=0.2)
+    p.add_argument("--deadlock-after", type=int, default=-1)
+    p.add_argument("--deadlock-rank", type=int, default=1)
+    p.add_argument("--print-path", action="store_true")
+    args = p.parse_args()
+    if args.print_path:
+        print("PYTHONPATH=" + os.environ.get("PYTHONPATH", "<unset>"), flush=True)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(args.steps):
+        if step == args.deadlock_after and rank == args.deadlock_rank:
+            load_batch()
+        opt.zero_grad()
+        model(torch.ones(4, 16)).sum().backward()
+        for param in model.parameters():
+            dist.all_reduce(param.grad)
+        opt.step()
+        time.sleep(args.step_time)
+    dist.destroy_process_group()
+
+
+def load_batch():
+    """Deadlocks: takes a lock it already holds."""
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()
+
+
+if __name__ == "__main__":
+    main()
