@@ -13,7 +13,6 @@ def _chain_to_the_jobs_own() -> None:
     import importlib
     import os
     import sys
-    import traceback
 
     here = os.path.dirname(os.path.abspath(__file__))
     ours = sys.modules.pop("sitecustomize", None)
@@ -28,8 +27,12 @@ def _chain_to_the_jobs_own() -> None:
         importlib.import_module("sitecustomize")
     except ImportError as exc:
         if exc.name != "sitecustomize":
+            import traceback
+
             traceback.print_exc()
     except Exception:
+        import traceback
+
         # What site.py does with a failing sitecustomize: say so and go on.
         print("Error in sitecustomize; set PYTHONVERBOSE for traceback:", file=sys.stderr)
         traceback.print_exc()

@@ -153,7 +153,9 @@ fn mpirun_tasks_frozen_log_names_rank_0() {
 
 /// Lightning 2.x `Trainer(devices=2, strategy="ddp")` run as `python job.py`: rank 0 is the original process,
 /// Lightning starts rank 1 with `LOCAL_RANK=1`. The checkpoint directory freezes under rank 0's next checkpoint.
-fn lightning_rank_0_is_named(callback: bool, expected_source: &str) {
+/// `callback`: the job adds hangwatch's callback itself; `instrument`: `run` adds it (the zero-code bootstrap);
+/// with neither, the ranks are known by the process tree alone.
+fn lightning_rank_0_is_named(callback: bool, instrument: bool, expected_source: &str) {
     let py = require!(torch_python());
     let has_lightning = std::process::Command::new(py)
         .args(["-c", "import lightning.pytorch"])
@@ -176,7 +178,12 @@ fn lightning_rank_0_is_named(callback: bool, expected_source: &str) {
     if callback {
         args.push("--callback");
     }
-    let mut run = HangwatchRun::start(&["--stall-after", "30s"], &launchers_job(py, &args));
+    let flags: &[&str] = if instrument {
+        &["--stall-after", "30s"]
+    } else {
+        &["--stall-after", "30s", "--no-instrument"]
+    };
+    let mut run = HangwatchRun::start(flags, &launchers_job(py, &args));
     let printed = run.wait_for_ranks(2, Duration::from_secs(100));
     assert!(
         wait_until(Duration::from_secs(60), POLL, || std::fs::read_dir(&ckpt)
@@ -217,10 +224,15 @@ fn lightning_rank_0_is_named(callback: bool, expected_source: &str) {
 
 #[test]
 fn lightning_ddp_frozen_checkpoint_names_rank_0_without_the_callback() {
-    lightning_rank_0_is_named(false, "structure");
+    lightning_rank_0_is_named(false, false, "structure");
 }
 
 #[test]
 fn lightning_ddp_frozen_checkpoint_names_rank_0_with_the_callback() {
-    lightning_rank_0_is_named(true, "client");
+    lightning_rank_0_is_named(true, false, "client");
+}
+
+#[test]
+fn lightning_ddp_frozen_checkpoint_names_rank_0_with_the_callback_run_added() {
+    lightning_rank_0_is_named(false, true, "client");
 }
