@@ -42,6 +42,10 @@ const PIPE_SIZE: usize = 1 << 20;
 /// The feeder wakes at least this often; everything it reacts to (pushes, acknowledgements, a dead writer,
 /// `finish`) wakes it sooner.
 const TICK: Duration = Duration::from_secs(1);
+/// After taking lines from the hand-off queue the feeder lets more gather for this long before it looks again: a
+/// job printing 1,000 lines a second then costs the feeder (and the writer child) tens of wake-ups a second, not a
+/// thousand. A line reaches the log at most this much later; pushes never wait for it.
+const BATCH: Duration = Duration::from_millis(25);
 /// The hand-off queue between `push` and the feeder holds at least this much before it drops.
 const MIN_HANDOFF: usize = 8 << 20;
 /// After the spill failed (its disk full, below its reserve), how often to try it again.
@@ -428,6 +432,7 @@ impl LogSink {
             seen_dropped_bytes: 0,
             handoff_dropped: false,
             not_kept: None,
+            last_taken: None,
         };
         let thread = std::thread::Builder::new()
             .name("hangwatch-logsink".into())
@@ -1050,6 +1055,8 @@ struct Feeder {
     /// The hand-off queue dropped lines since the drops were last noted.
     handoff_dropped: bool,
     not_kept: Option<NotKept>,
+    /// When lines were last taken from the hand-off queue, until the feeder waited after it ([`BATCH`]).
+    last_taken: Option<Instant>,
 }
 
 impl Feeder {
@@ -1142,6 +1149,9 @@ impl Feeder {
 
     fn take_handoff(&mut self) {
         let (lines, dropped, dropped_bytes) = self.shared.take_handoff();
+        if !lines.is_empty() {
+            self.last_taken = Some(Instant::now());
+        }
         for line in lines {
             self.ledger.accept(line);
         }
@@ -1222,6 +1232,19 @@ impl Feeder {
     }
 
     fn wait(&mut self, now: Instant) {
+        // Lines were just taken: let the next ones gather (the wake-up a push sends stays pending meanwhile, so
+        // pushes write nothing to the wake pipe either). `finish` and an abort are seen after the batch.
+        let linger = self
+            .last_taken
+            .take()
+            .map_or(Duration::ZERO, |t| BATCH.saturating_sub(t.elapsed()));
+        if !linger.is_zero()
+            && !self.shared.finishing.load(Ordering::Acquire)
+            && !self.shared.abort.load(Ordering::Acquire)
+        {
+            std::thread::sleep(linger);
+            return;
+        }
         let mut timeout = TICK;
         if self.writer.is_none() {
             if let Some(at) = self.next_attempt {
