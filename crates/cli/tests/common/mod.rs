@@ -347,7 +347,59 @@ impl HangwatchRun {
         for pid in named.into_iter().chain(run_json_pids(self.report_dir())) {
             self.remember(pid);
         }
+        finished.record_for_accuracy();
         finished
+    }
+}
+
+impl Finished {
+    /// With `HANGWATCH_ACCURACY_DIR` set (scripts/accuracy), writes what this run decided there, under the test's
+    /// name: the verdict's kind, scope and culprits, the exit code, and how long progress had stopped when the
+    /// verdict was made. scripts/accuracy compares them with the faults the tests inject (docs/accuracy.md).
+    fn record_for_accuracy(&self) {
+        let Some(dir) = std::env::var_os("HANGWATCH_ACCURACY_DIR") else {
+            return;
+        };
+        let test = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .replace("::", "-");
+        let thresholds: Value = std::fs::read_to_string(self.report_dir.join("thresholds.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        let culprits: Vec<Value> = self.json["culprits"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                serde_json::json!({
+                    "rank": c["rank"], "node": c["node"], "state": c["state"], "syscall": c["syscall"],
+                    "path": c["path"], "mount": c["mount"], "fstype": c["fstype"],
+                    "lock_holders": c["lock_wait"]["holders"], "reason": c["reason"],
+                })
+            })
+            .collect();
+        let record = serde_json::json!({
+            "test": test,
+            "exit_code": self.code,
+            "kind": self.json["kind"],
+            "scope": self.json["scope"],
+            "culprits": culprits,
+            "filesystems": self.json["filesystems"],
+            "stalled_for_s": thresholds["stalled_for_s"],
+            "run_s": self.took.as_secs_f64(),
+        });
+        let dir = PathBuf::from(dir);
+        let _ = std::fs::create_dir_all(&dir);
+        // One file per run, numbered in order (a test may run hangwatch more than once).
+        let mut n = 1;
+        let mut path = dir.join(format!("{test}.{n:02}.json"));
+        while path.exists() {
+            n += 1;
+            path = dir.join(format!("{test}.{n:02}.json"));
+        }
+        let _ = std::fs::write(path, serde_json::to_vec_pretty(&record).unwrap_or_default());
     }
 }
 
