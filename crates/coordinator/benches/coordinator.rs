@@ -221,7 +221,7 @@ fn agents(nodes: u32) {
         } else {
             out.push_str(&format!("  {line}\n"));
         }
-        if line.starts_with("RSS_PEAK") {
+        if line.starts_with("RSS_PEAK ") {
             break;
         }
     }
