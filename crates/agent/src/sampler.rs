@@ -724,7 +724,20 @@ impl Sampler {
         let rank_pids: Vec<i32> = ranks.iter().map(|(pid, _)| *pid).collect();
         let workers = worker_pids(&self.procfs, &rank_pids);
         let mut samples = Vec::with_capacity(ranks.len());
-        for &pid in rank_pids.iter().chain(&workers) {
+        for (pid, rank) in ranks {
+            let sample = self
+                .procfs
+                .sample_counters(pid)
+                .ok()
+                .map(|s| (s, Instant::now()));
+            if !fs_stall.is_zero() {
+                samples.push(self.rank_sample(pid, rank, sample.as_ref().map(|(s, _)| s)));
+            }
+            if let Some((sample, at)) = sample {
+                self.earlier.record(pid, sample, at);
+            }
+        }
+        for &pid in &workers {
             if let Ok(sample) = self.procfs.sample_counters(pid) {
                 self.earlier.record(pid, sample, Instant::now());
             }
@@ -735,49 +748,52 @@ impl Sampler {
         if fs_stall.is_zero() {
             return;
         }
-        for (pid, rank) in ranks {
-            let threads = self
-                .earlier
-                .usable(pid, Duration::ZERO, Instant::now())
-                .map(|s| s.sample.threads.as_slice())
-                .unwrap_or_default();
-            let mut blocked = None;
-            for thread in threads {
-                let wchan = if thread.stat.state == 'S' {
-                    self.procfs.wchan(pid, thread.tid).ok().flatten()
-                } else {
-                    None
-                };
-                match thread_blocked(thread.stat.state, wchan.as_deref()) {
-                    Some(Blocked::Stopped) => {
-                        blocked = Some(Blocked::Stopped);
-                        break;
-                    }
-                    Some(b) => blocked = Some(b),
-                    None => {}
-                }
-            }
-            let io = self.procfs.io(pid).ok().map(|c| {
-                [
-                    c.rchar,
-                    c.wchar,
-                    c.syscr,
-                    c.syscw,
-                    c.read_bytes,
-                    c.write_bytes,
-                ]
-                .into_iter()
-                .flatten()
-                .fold(0u64, u64::wrapping_add)
-            });
-            samples.push(RankSample {
-                pid,
-                rank,
-                blocked,
-                io,
-            });
-        }
         self.fs_stall.observe(&samples, now);
+    }
+
+    /// The fast path's view of one rank from its counter sample: how any of its threads is blocked (wait
+    /// channels read for sleeping threads only), and its I/O counters.
+    fn rank_sample(
+        &self,
+        pid: i32,
+        rank: Option<u32>,
+        sample: Option<&hangwatch_proc::ProcessSample>,
+    ) -> RankSample {
+        let mut blocked = None;
+        for thread in sample.map(|s| s.threads.as_slice()).unwrap_or_default() {
+            let wchan = if thread.stat.state == 'S' {
+                self.procfs.wchan(pid, thread.tid).ok().flatten()
+            } else {
+                None
+            };
+            match thread_blocked(thread.stat.state, wchan.as_deref()) {
+                Some(Blocked::Stopped) => {
+                    blocked = Some(Blocked::Stopped);
+                    break;
+                }
+                Some(b) => blocked = Some(b),
+                None => {}
+            }
+        }
+        let io = self.procfs.io(pid).ok().map(|c| {
+            [
+                c.rchar,
+                c.wchar,
+                c.syscr,
+                c.syscw,
+                c.read_bytes,
+                c.write_bytes,
+            ]
+            .into_iter()
+            .flatten()
+            .fold(0u64, u64::wrapping_add)
+        });
+        RankSample {
+            pid,
+            rank,
+            blocked,
+            io,
+        }
     }
 }
 

@@ -55,10 +55,6 @@ impl EarlierSamples {
         self.by_pid.is_empty()
     }
 
-    pub fn len(&self) -> usize {
-        self.by_pid.len()
-    }
-
     /// The newest sample of `pid` that is at least `min_age` and at most [`MAX_AGE`] old at `now`.
     pub fn usable(&self, pid: i32, min_age: Duration, now: Instant) -> Option<&EarlierSample> {
         self.by_pid.get(&pid)?.iter().flatten().find(|s| {

@@ -194,30 +194,29 @@ pub fn take_roll_call(
         .chain(workers.iter().map(|w| w.id.pid))
         .collect();
     let now = Instant::now();
+    let earlier: Vec<_> = all
+        .iter()
+        .map(|&pid| options.earlier.usable(pid, options.window, now))
+        .collect();
     let fresh: Vec<i32> = all
         .iter()
-        .copied()
-        .filter(|&pid| options.earlier.usable(pid, options.window, now).is_none())
+        .zip(&earlier)
+        .filter(|(_, e)| e.is_none())
+        .map(|(&pid, _)| pid)
         .collect();
-    let mut fresh_first: HashMap<i32, (Result<_, ReadError>, Instant)> =
-        in_parallel(&fresh, |pid| {
-            (pid, (procfs.sample_counters(pid), Instant::now()))
-        })
-        .into_iter()
-        .collect();
+    // `in_parallel` keeps the order: the fresh samples fill the processes without an earlier one, in turn.
+    let mut fresh_first =
+        in_parallel(&fresh, |pid| (procfs.sample_counters(pid), Instant::now())).into_iter();
     let first_span = now.elapsed();
-    let first: Vec<(
-        i32,
-        Result<hangwatch_proc::ProcessSample, ReadError>,
-        Instant,
-    )> = all
+    let first: Vec<(i32, Result<_, ReadError>, Instant)> = all
         .iter()
-        .map(|&pid| match fresh_first.remove(&pid) {
-            Some((sample, at)) => (pid, sample, at),
-            None => match options.earlier.usable(pid, options.window, now) {
-                Some(earlier) => (pid, Ok(earlier.sample.clone()), earlier.at),
-                None => (pid, Err(ReadError::ProcessExited { pid }), now),
-            },
+        .zip(earlier)
+        .filter_map(|(&pid, earlier)| {
+            let (sample, at) = match earlier {
+                Some(e) => (Ok(e.sample.clone()), e.at),
+                None => fresh_first.next()?,
+            };
+            Some((pid, sample, at))
         })
         .collect();
     if !fresh.is_empty() {
