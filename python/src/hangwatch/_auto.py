@@ -20,13 +20,10 @@ skipped and counted in `stats()["auto"]`.
 from __future__ import annotations
 
 import functools
-import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
 from hangwatch import _client
-from hangwatch._phase import phase
-
-CHECKPOINT = "checkpoint"
+from hangwatch._phase import CHECKPOINT, phase
 
 _state: Dict[str, Any] = {"hooked": [], "failed": [], "step_beats": 0, "step_beats_stopped": False}
 _step_handle: Any = None
@@ -80,11 +77,13 @@ def _hook_optimizer(optimizer: Any) -> None:
 
 def _hook_torch(torch: Any) -> None:
     serialization = getattr(torch, "serialization", None)
-    if serialization is not None and hasattr(serialization, "save"):
-        wrapped = _in_checkpoint(serialization.save)
+    save = getattr(serialization, "save", None)
+    if callable(save):
+        wrapped = _in_checkpoint(save)
         serialization.save = wrapped
-        if getattr(torch, "save", None) is not None:
-            torch.save = _in_checkpoint(torch.save)
+        # `torch.save` is the same function: one wrapper for both names.
+        if getattr(torch, "save", None) is save:
+            torch.save = wrapped
 
 
 def _hook_dcp(dcp: Any) -> None:

@@ -7,6 +7,9 @@ from typing import Any
 
 from hangwatch import _client
 
+CHECKPOINT = "checkpoint"
+"""The one name of the checkpoint phase, used by the framework callbacks and the zero-code hooks (`_auto`)."""
+
 EVALUATION = "evaluation"
 """The one name of the evaluation phase, used by `evaluation()` and every framework callback, so the agent learns
 one evaluation duration per job whatever sends it."""

@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import List
 
 from hangwatch import _client
-from hangwatch._phase import EVALUATION
-
-CHECKPOINT = "checkpoint"
+from hangwatch._phase import CHECKPOINT, EVALUATION
 
 __all__ = ["CHECKPOINT", "EVALUATION", "OpenPhases"]
 
