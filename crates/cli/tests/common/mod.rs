@@ -352,6 +352,18 @@ impl HangwatchRun {
     }
 }
 
+/// What scripts/accuracy reads of one run: the verdict as `run --json` printed it, and when it was made.
+#[derive(serde::Serialize)]
+struct AccuracyRecord<'a> {
+    test: &'a str,
+    exit_code: Option<i32>,
+    verdict: &'a Value,
+    /// How long progress had stopped when the verdict was made (thresholds.json).
+    stalled_for_s: Option<f64>,
+    /// From the start of `hangwatch run` to its exit.
+    run_s: f64,
+}
+
 impl Finished {
     /// With `HANGWATCH_ACCURACY_DIR` set (scripts/accuracy), writes what this run decided there, under the test's
     /// name: the verdict's kind, scope and culprits, the exit code, and how long progress had stopped when the
@@ -368,28 +380,13 @@ impl Finished {
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or(Value::Null);
-        let culprits: Vec<Value> = self.json["culprits"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|c| {
-                serde_json::json!({
-                    "rank": c["rank"], "node": c["node"], "state": c["state"], "syscall": c["syscall"],
-                    "path": c["path"], "mount": c["mount"], "fstype": c["fstype"],
-                    "lock_holders": c["lock_wait"]["holders"], "reason": c["reason"],
-                })
-            })
-            .collect();
-        let record = serde_json::json!({
-            "test": test,
-            "exit_code": self.code,
-            "kind": self.json["kind"],
-            "scope": self.json["scope"],
-            "culprits": culprits,
-            "filesystems": self.json["filesystems"],
-            "stalled_for_s": thresholds["stalled_for_s"],
-            "run_s": self.took.as_secs_f64(),
-        });
+        let record = AccuracyRecord {
+            test: &test,
+            exit_code: self.code,
+            verdict: &self.json,
+            stalled_for_s: thresholds["stalled_for_s"].as_f64(),
+            run_s: self.took.as_secs_f64(),
+        };
         let dir = PathBuf::from(dir);
         let _ = std::fs::create_dir_all(&dir);
         // One file per run, numbered in order (a test may run hangwatch more than once).
