@@ -268,6 +268,11 @@ fn telling_thread(process: &ProcessObservation, busy: bool) -> Option<&ThreadObs
 }
 
 /// Whether the process used CPU for most of the sample window (in any thread) or its main thread is on a CPU.
+///
+/// A main thread seen in R counts only when it was also charged CPU during the window (where that is known): a
+/// thread that wakes from a timed wait twice a second is runnable for a moment at each wake, longer on a loaded
+/// node, and one instant of R would call a waiting rank busy. A thread that spins is charged CPU ticks even when
+/// it shares its core.
 fn is_busy(process: &ProcessObservation, window_ms: u64) -> bool {
     let cpu: u64 = process
         .threads
@@ -278,6 +283,7 @@ fn is_busy(process: &ProcessObservation, window_ms: u64) -> bool {
         t.tid == process.pid
             && t.state == 'R'
             && !matches!(t.syscall, Some(SyscallObservation::InSyscall { .. }))
+            && t.cpu_ms_during_sample != Some(0)
     });
     (window_ms > 0 && cpu * 2 >= window_ms) || main_running
 }
@@ -389,6 +395,37 @@ mod tests {
             filename: filename.into(),
             line,
         }
+    }
+
+    fn main_thread(state: char, cpu_ms: Option<u64>) -> ProcessObservation {
+        ProcessObservation {
+            pid: 42,
+            threads: vec![ThreadObservation {
+                tid: 42,
+                state,
+                syscall: Some(SyscallObservation::NotInSyscall { pc: None }),
+                cpu_ms_during_sample: cpu_ms,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_waiting_thread_caught_runnable_at_one_instant_is_not_busy() {
+        // A barrier that polls twice a second, seen in R at the sample but charged no CPU over a 1.2 s window.
+        assert!(!is_busy(&main_thread('R', Some(0)), 1200));
+        assert_eq!(
+            classify(&main_thread('R', Some(0)), 1200).condition,
+            Condition::Waiting
+        );
+        // A spinner that shares its core: on a CPU and charged some of the window, though less than half.
+        assert!(is_busy(&main_thread('R', Some(200)), 1200));
+        // Most of the window on a CPU is busy whatever the instant shows.
+        assert!(is_busy(&main_thread('S', Some(700)), 1200));
+        // No earlier sample of this thread: the instant is all there is.
+        assert!(is_busy(&main_thread('R', None), 1200));
+        assert!(!is_busy(&main_thread('S', Some(100)), 1200));
     }
 
     #[test]
