@@ -35,14 +35,29 @@ def rss_mb(pid):
     return 0.0
 
 
-def watch_overhead(hw, seconds, ranks=8):
+# A rank that prints `rate` lines a second and sleeps between them: the target is stated for ranks printing 20
+# lines/s, and ranks that compute between lines would fill this machine's cores and measure the machine instead.
+PRINTER = """
+import os, sys, time
+rate = float(sys.argv[1])
+step, next_at = 0, time.monotonic()
+while os.getppid() != 1:
+    step += 1
+    print(f"rank {os.environ.get('RANK')} step {step} loss {1.0 / step:.6f}", flush=True)
+    next_at += 1.0 / rate
+    time.sleep(max(0.0, next_at - time.monotonic()))
+"""
+
+
+def watch_overhead(hw, seconds, ranks=8, rate=20):
     report = tempfile.mkdtemp(prefix="hw-bench-")
     proc = subprocess.Popen(
         [hw, "run", "--nproc", str(ranks), "--quiet", "--report-dir", report, "--",
-         sys.executable, RANK, "--step-time", "0.05"],
+         sys.executable, "-c", PRINTER, str(rate)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(3)
+        # The first seconds prepare a stack reader for each rank (a one-time cost at start, not watching).
+        time.sleep(10)
         c0, t0 = cpu_seconds(proc.pid), time.monotonic()
         peak = 0.0
         while time.monotonic() - t0 < seconds:
@@ -55,7 +70,7 @@ def watch_overhead(hw, seconds, ranks=8):
         proc.send_signal(2)
         proc.wait(timeout=30)
     share = (c1 - c0) / (t1 - t0) * 100
-    print(f"watching {ranks} ranks for {t1 - t0:.0f} s (each printing a line per 50 ms step, {lines} lines logged):")
+    print(f"watching {ranks} ranks for {t1 - t0:.0f} s (each printing {rate:g} lines/s, {lines} lines logged):")
     print(f"  hangwatch CPU {share:.2f} % of one core, peak RSS {peak:.1f} MB")
 
 

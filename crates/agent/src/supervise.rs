@@ -34,7 +34,7 @@ use crate::kernel_log::KernelLog;
 use crate::launch::{launch, LaunchSpec, Launched};
 use crate::link::{Answers, Link, LinkConfig};
 use crate::members::JobMembers;
-use crate::output::{drain, Console, DrainContext, LineSink, Stream, Tails};
+use crate::output::{Console, DrainContext, Drains, LineSink, Stream, Tails};
 use crate::policy::{Action, Ending, Input, Notice, Policy, PolicyConfig, Trigger};
 use crate::progress::ProgressBoard;
 use crate::reaper::Reaper;
@@ -122,6 +122,8 @@ pub enum RunError {
     },
     #[error("cannot install signal handlers")]
     Signals(#[source] std::io::Error),
+    #[error("cannot start the thread that drains the ranks' output")]
+    Drains(#[source] std::io::Error),
     #[error(
         "cannot watch process {pid}: {reason} (is it running, and may this user read /proc/{pid}?)"
     )]

@@ -101,6 +101,15 @@ impl Supervisor {
             |e| tracing::warn!(error = %e, "no prepared stack readers: roll calls read stacks cold"),
         )
         .ok();
+        let mut drains = Drains::start(DrainContext {
+            board: Arc::clone(&board),
+            sink: config.sink.clone(),
+            console: console.clone(),
+            tails: Arc::clone(&tails),
+            prefix: config.prefix,
+            open_streams: Arc::clone(&open_streams),
+        })
+        .map_err(RunError::Drains)?;
         let start = Instant::now();
         let launched = if attached {
             Vec::new()
@@ -111,14 +120,6 @@ impl Supervisor {
             members.register_live(l.pid, l.rank);
         }
         let tree_mode = launch_spec.nproc.is_none() || attached;
-        let ctx = DrainContext {
-            board: Arc::clone(&board),
-            sink: config.sink.clone(),
-            console: console.clone(),
-            tails: Arc::clone(&tails),
-            prefix: config.prefix,
-            open_streams: Arc::clone(&open_streams),
-        };
         let procfs = ProcFs::new("/proc");
         let mut procs = Vec::new();
         for Launched {
@@ -130,10 +131,10 @@ impl Supervisor {
         } in launched
         {
             if let Some(out) = stdout {
-                drain(out, rank, Stream::Stdout, ctx.clone());
+                drains.drain(out, rank, Stream::Stdout);
             }
             if let Some(err) = stderr {
-                drain(err, rank, Stream::Stderr, ctx.clone());
+                drains.drain(err, rank, Stream::Stderr);
             }
             procs.push(JobProc {
                 waited: Some(wait_in_background(child)),
@@ -149,7 +150,8 @@ impl Supervisor {
                 identity: crate::death::RankIdentity::read(&procfs, pid),
             });
         }
-        drop(ctx);
+        // Every stream is added: the drain thread ends with the last one.
+        drop(drains);
         // Watched, not started: no exit status to wait for (their end is seen in /proc), no output owned.
         for &pid in &launch_spec.attach {
             let stat = procfs.stat(pid).map_err(|e| RunError::Attach {
