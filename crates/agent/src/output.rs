@@ -551,14 +551,6 @@ mod tests {
         }
     }
 
-    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-        let until = Instant::now() + std::time::Duration::from_secs(10);
-        while !done() {
-            assert!(Instant::now() < until, "timed out waiting for {what}");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-    }
-
     #[test]
     fn many_pipes_are_drained_by_one_thread_to_their_end_in_order() {
         let (ctx, kept) = context();
@@ -585,9 +577,14 @@ mod tests {
             writeln!(w, "hello from {rank}").unwrap();
         }
         big.join().unwrap();
-        wait_until("every stream at its end", || {
-            ctx.open_streams.load(Ordering::SeqCst) == 0
-        });
+        assert!(
+            hangwatch_testkit::wait_until(
+                std::time::Duration::from_secs(10),
+                std::time::Duration::from_millis(5),
+                || ctx.open_streams.load(Ordering::SeqCst) == 0
+            ),
+            "every stream at its end"
+        );
         let lines = kept.0.lock().unwrap().clone();
         let rank0: Vec<&Vec<u8>> = lines
             .iter()
