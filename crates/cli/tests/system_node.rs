@@ -44,6 +44,20 @@ fn service(cluster: &SlurmCluster, node: &str, out: &Path) -> ChildGuard {
     ChildGuard::new(child, format!("hangwatch node {node}"))
 }
 
+/// For a failure's message: whether rank 0 went on logging after the freeze (then the filesystem did not stay
+/// frozen, and no watcher could have seen it stuck).
+fn logging_since(log: &Path, at_freeze: usize) -> String {
+    let now = lines_in(log);
+    if now > at_freeze + 1 {
+        format!(
+            "rank 0 logged {} lines after the freeze: the filesystem did not stay frozen",
+            now - at_freeze
+        )
+    } else {
+        "rank 0 logged nothing after the freeze".into()
+    }
+}
+
 fn service_log(out: &Path, node: &str) -> String {
     std::fs::read_to_string(out.join(format!("service-{node}.err"))).unwrap_or_default()
 }
@@ -101,6 +115,7 @@ fn a_job_that_knows_nothing_of_hangwatch_is_ended_through_slurm_when_its_writer_
         service_log(out, "n1")
     );
     let frozen = require!(fs.freeze());
+    let at_freeze = lines_in(&log);
     let state = |id: &str| SlurmCluster::field(&cluster.job(id), "JobState");
     let left_running = wait_until(Duration::from_secs(60), POLL, || {
         !matches!(state(&hung).as_deref(), Some("RUNNING" | "PENDING") | None)
@@ -108,7 +123,8 @@ fn a_job_that_knows_nothing_of_hangwatch_is_ended_through_slurm_when_its_writer_
     let n1 = service_log(out, "n1");
     assert!(
         left_running,
-        "the hung job is still RUNNING 60 s after the freeze: {}\nn1:\n{n1}\nn2:\n{}",
+        "the hung job is still RUNNING 60 s after the freeze ({}): {}\nn1:\n{n1}\nn2:\n{}",
+        logging_since(&log, at_freeze),
         cluster.job(&hung),
         service_log(out, "n2")
     );
@@ -232,13 +248,15 @@ export HANGWATCH_ACTION=observe MASTER_ADDR=127.0.0.1 MASTER_PORT={port}
     );
 
     let frozen = require!(fs.freeze());
+    let at_freeze = lines_in(&log);
     let state = |id: &str| SlurmCluster::field(&cluster.job(id), "JobState");
     assert!(
         wait_until(Duration::from_secs(60), POLL, || logged(
             "n1",
             "blocked in kernel: rank 0"
         )),
-        "n1 names the hang of the observed job:\n{}",
+        "n1 names the hang of the observed job ({}):\n{}",
+        logging_since(&log, at_freeze),
         service_log(out, "n1")
     );
     std::thread::sleep(Duration::from_secs(3));

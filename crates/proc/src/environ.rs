@@ -83,12 +83,27 @@ pub struct SlurmTask {
     pub job_id: Option<String>,
     pub step_id: Option<String>,
     pub node_name: Option<String>,
+    /// How many of the step's tasks run on this node: the length of `SLURM_GTIDS`, the global task ids that
+    /// `slurmstepd` starts here. A node service waits for that many before it watches the step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_on_node: Option<usize>,
 }
 
 impl SlurmTask {
     pub fn is_empty(&self) -> bool {
-        self.job_id.is_none() && self.step_id.is_none() && self.node_name.is_none()
+        self.job_id.is_none()
+            && self.step_id.is_none()
+            && self.node_name.is_none()
+            && self.tasks_on_node.is_none()
     }
+}
+
+/// The number of task ids in `SLURM_GTIDS` (`0,1`): `None` unless every entry is a number.
+fn count_task_ids(gtids: &str) -> Option<usize> {
+    let ids: Vec<&str> = gtids.split(',').map(str::trim).collect();
+    ids.iter()
+        .all(|id| id.parse::<u32>().is_ok())
+        .then_some(ids.len())
 }
 
 /// The numeric variables launchers set to say which rank a process is (torchrun, Lightning, Open MPI, PMIx, PMI,
@@ -142,6 +157,7 @@ impl RankEnv {
                 job_id: text("SLURM_JOB_ID"),
                 step_id: text("SLURM_STEP_ID"),
                 node_name: text("SLURMD_NODENAME"),
+                tasks_on_node: env.get("SLURM_GTIDS").and_then(count_task_ids),
             },
             launcher: LAUNCHER_VARIABLES
                 .iter()
@@ -192,6 +208,26 @@ TORCHELASTIC_RUN_ID=job42\0HANGWATCH_SOCKET=/run/hangwatch/agent.sock\0";
         assert_eq!(rank.var("SLURM_PROCID"), Some(3));
         assert_eq!(rank.var("SLURM_LOCALID"), Some(0));
         assert_eq!(rank.launcher.len(), 2);
+    }
+
+    #[test]
+    fn a_slurm_task_says_how_many_tasks_of_its_step_run_on_its_node() {
+        // What slurmstepd gives rank 2 of `srun -N2 -n4 --ntasks-per-node=2` on n2 (recorded, abridged).
+        let env = parse_environ(
+            b"SLURM_JOB_ID=7\0SLURM_STEP_ID=0\0SLURMD_NODENAME=n2\0SLURM_GTIDS=2,3\0SLURM_PROCID=2\0",
+        );
+        let slurm = RankEnv::from_environ(&env).slurm;
+        assert_eq!(slurm.job_id.as_deref(), Some("7"));
+        assert_eq!(slurm.node_name.as_deref(), Some("n2"));
+        assert_eq!(slurm.tasks_on_node, Some(2));
+        let batch = RankEnv::from_environ(&parse_environ(b"SLURM_JOB_ID=7\0SLURM_GTIDS=0\0")).slurm;
+        assert_eq!(batch.tasks_on_node, Some(1));
+        // Not a list of numbers: not a count.
+        let odd = RankEnv::from_environ(&parse_environ(b"SLURM_GTIDS=0,x\0")).slurm;
+        assert_eq!(odd.tasks_on_node, None);
+        assert!(RankEnv::from_environ(&parse_environ(b"SLURM_GTIDS=\0"))
+            .slurm
+            .is_empty());
     }
 
     #[test]

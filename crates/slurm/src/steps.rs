@@ -41,6 +41,10 @@ pub struct StepOnNode {
     pub slurmstepd: i32,
     /// The processes `slurmstepd` started for the step (srun's tasks, or the batch script's shell).
     pub tasks: Vec<i32>,
+    /// How many tasks the step runs on this node, as its tasks' `SLURM_GTIDS` say: `slurmstepd` starts them one
+    /// by one, so a scan may find fewer for a moment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tasks_expected: Option<usize>,
     /// The ranks below (or among) the tasks, in rank order; filled by [`find_steps`].
     pub ranks: Vec<StepRank>,
 }
@@ -49,6 +53,11 @@ impl StepOnNode {
     /// `1234.0`, `1234.batch`: how Slurm names a step.
     pub fn name(&self) -> String {
         format!("{}.{}", self.job_id, self.step)
+    }
+
+    /// Whether every task the step runs on this node has been started (true where Slurm did not say how many).
+    pub fn all_tasks_started(&self) -> bool {
+        self.tasks_expected.is_none_or(|n| self.tasks.len() >= n)
     }
 }
 
@@ -101,9 +110,11 @@ pub fn steps_on_node(
             uid: row.uid,
             slurmstepd: row.ppid,
             tasks: Vec::new(),
+            tasks_expected: None,
             ranks: Vec::new(),
         });
         entry.tasks.push(row.pid);
+        entry.tasks_expected = entry.tasks_expected.max(task.tasks_on_node);
     }
     steps
         .into_values()
@@ -243,6 +254,7 @@ mod tests {
             job_id: Some(job.into()),
             step_id: step.map(str::to_string),
             node_name: Some(node.into()),
+            tasks_on_node: None,
         }
     }
 
@@ -318,5 +330,29 @@ mod tests {
             .map(StepOnNode::name)
             .collect();
         assert_eq!(names, ["9.batch", "10.batch"]);
+    }
+
+    #[test]
+    fn a_step_whose_tasks_are_still_starting_says_so() {
+        let rows = [row(1, 0, "slurmstepd"), row(2, 1, "python3")];
+        let of = |n| SlurmTask {
+            tasks_on_node: n,
+            ..task("5", Some("0"), "n1")
+        };
+        // Rank 1 has started, rank 0 not yet (slurmstepd 1 starts two tasks here).
+        let starting = steps_on_node(&rows[..2], &HashMap::from([(2, of(Some(2)))]), None);
+        assert_eq!(starting[0].tasks_expected, Some(2));
+        assert!(!starting[0].all_tasks_started());
+        let rows = [rows[0].clone(), rows[1].clone(), row(6, 1, "python3")];
+        let started = steps_on_node(
+            &rows,
+            &HashMap::from([(2, of(Some(2))), (6, of(Some(2)))]),
+            None,
+        );
+        assert_eq!(started[0].tasks, vec![2, 6]);
+        assert!(started[0].all_tasks_started());
+        // Without SLURM_GTIDS nothing is known to be missing.
+        let unknown = steps_on_node(&rows, &HashMap::from([(2, of(None))]), None);
+        assert!(unknown[0].all_tasks_started());
     }
 }

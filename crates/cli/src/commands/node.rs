@@ -72,6 +72,31 @@ fn key_of(step: &StepOnNode) -> StepKey {
     )
 }
 
+/// How long a step's tasks may take to all start (`slurmstepd` starts them one by one) before the service watches
+/// the ones there are: a watcher is given its tasks once, and a rank left out of it would never be seen stuck.
+const TASKS_START_GRACE: Duration = Duration::from_secs(20);
+
+/// Whether to start watching a step now, first seen at `first_seen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WhenToWatch {
+    /// Every task it runs here has started (or Slurm did not say how many).
+    Now,
+    /// Some are still missing: looked at again at the next scan.
+    Later,
+    /// Some are still missing after [`TASKS_START_GRACE`]: watch the ones there are.
+    NowWithoutSome,
+}
+
+fn when_to_watch(step: &StepOnNode, first_seen: Instant, now: Instant) -> WhenToWatch {
+    if step.all_tasks_started() {
+        WhenToWatch::Now
+    } else if now.saturating_duration_since(first_seen) < TASKS_START_GRACE {
+        WhenToWatch::Later
+    } else {
+        WhenToWatch::NowWithoutSome
+    }
+}
+
 /// One step's watcher.
 struct Watcher {
     child: Child,
@@ -126,17 +151,35 @@ pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut watchers: BTreeMap<StepKey, Watcher> = BTreeMap::new();
     // Steps already dealt with (watched to the end, or left to their own hangwatch): not started again.
     let mut seen: BTreeSet<StepKey> = BTreeSet::new();
+    // Steps whose tasks are still starting, and when each was first found.
+    let mut starting: BTreeMap<StepKey, Instant> = BTreeMap::new();
     while !stop.load(Ordering::SeqCst) {
         let started = Instant::now();
         notify(&[sd_notify::NotifyState::Watchdog]);
         let steps = finder.scan(&procfs, node, &options);
         let present: BTreeSet<StepKey> = steps.iter().map(key_of).collect();
         seen.retain(|k| present.contains(k));
+        starting.retain(|k, _| present.contains(k));
         for step in steps {
             let key = key_of(&step);
             if watchers.contains_key(&key) || seen.contains(&key) {
                 continue;
             }
+            let first_seen = *starting.entry(key.clone()).or_insert(started);
+            match when_to_watch(&step, first_seen, started) {
+                WhenToWatch::Later => continue,
+                WhenToWatch::Now => {}
+                WhenToWatch::NowWithoutSome => {
+                    say(format!(
+                    "hangwatch node: warning: step {} started {} of its {} tasks here within {}: watching those",
+                    step.name(),
+                    step.tasks.len(),
+                    step.tasks_expected.unwrap_or_default(),
+                    hangwatch_model::format_duration(TASKS_START_GRACE)
+                    ));
+                }
+            }
+            starting.remove(&key);
             seen.insert(key.clone());
             if let Some(pid) = own_hangwatch(&procfs, &step.tasks) {
                 say(format!(
@@ -362,7 +405,11 @@ fn reap(watchers: &mut BTreeMap<StepKey, Watcher>) {
                 end_job_through_slurm(&watcher.step.job_id, summary.as_deref());
             }
         } else {
-            tracing::info!(step = %name, code = ?code, "a step's watcher ended");
+            // A line per step in the service's journal: a watcher that ended early says so here.
+            say(format!(
+                "hangwatch node: stopped watching step {name} (its watcher exited with {})",
+                code.map_or("a signal".into(), |c| format!("code {c}"))
+            ));
         }
     }
 }
@@ -446,6 +493,43 @@ fn run_slurm(command: Command, what: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn step(tasks: Vec<i32>, expected: Option<usize>) -> StepOnNode {
+        StepOnNode {
+            job_id: "7".into(),
+            step: "0".into(),
+            node: Some("n1".into()),
+            uid: Some(1000),
+            slurmstepd: 100,
+            tasks,
+            tasks_expected: expected,
+            ranks: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_step_is_watched_once_all_its_tasks_here_have_started_or_the_grace_is_over() {
+        let t0 = Instant::now();
+        let soon = t0 + Duration::from_secs(2);
+        let late = t0 + TASKS_START_GRACE;
+        assert_eq!(
+            when_to_watch(&step(vec![11], Some(2)), t0, soon),
+            WhenToWatch::Later
+        );
+        assert_eq!(
+            when_to_watch(&step(vec![11, 12], Some(2)), t0, soon),
+            WhenToWatch::Now
+        );
+        assert_eq!(
+            when_to_watch(&step(vec![11], Some(2)), t0, late),
+            WhenToWatch::NowWithoutSome
+        );
+        // Slurm did not say how many: no reason to wait.
+        assert_eq!(
+            when_to_watch(&step(vec![11], None), t0, t0),
+            WhenToWatch::Now
+        );
+    }
 
     #[test]
     fn a_job_may_ask_for_less_than_the_site_never_more() {
