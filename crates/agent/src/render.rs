@@ -37,29 +37,7 @@ pub fn max_stall_text(stalled_for: Duration) -> String {
     )
 }
 
-/// Compresses a sorted rank list: `0-3, 5, 7-9`.
-pub fn rank_ranges(ranks: &[u32]) -> String {
-    let mut sorted = ranks.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < sorted.len() {
-        let start = sorted[i];
-        let mut end = start;
-        while i + 1 < sorted.len() && sorted[i + 1] == end + 1 {
-            i += 1;
-            end = sorted[i];
-        }
-        out.push(if start == end {
-            start.to_string()
-        } else {
-            format!("{start}-{end}")
-        });
-        i += 1;
-    }
-    out.join(", ")
-}
+pub use hangwatch_model::rank_ranges;
 
 fn or_dash(v: Option<&str>) -> &str {
     v.unwrap_or("-")
@@ -449,13 +427,5 @@ mod tests {
             "unkillable rank 0: could not be killed — pid 42's main thread exited (Z), but its thread 57 \
              (ckpt-writer) is still in uninterruptible sleep (D) after SIGKILL"
         );
-    }
-
-    #[test]
-    fn rank_ranges_compress_runs() {
-        assert_eq!(rank_ranges(&[1, 2, 3, 5, 7, 8, 9]), "1-3, 5, 7-9");
-        assert_eq!(rank_ranges(&[4]), "4");
-        assert_eq!(rank_ranges(&[]), "");
-        assert_eq!(rank_ranges(&[3, 1, 2, 2]), "1-3");
     }
 }

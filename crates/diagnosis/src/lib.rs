@@ -7,6 +7,7 @@
 //! - [`acting`]: when a verdict is strong enough to act on.
 //! - [`answer`]: what a node's roll-call answer to the coordinator carries (idle threads folded).
 //! - [`activity`]: whether a job without progress still works, and how long that holds the hard tier back.
+//! - [`collectives`]: who did not join which collective, from every rank's Flight Recorder record.
 //! - [`faults`]: a rank blocked in a page fault: the memory-mapped file it reads, or the candidates.
 //! - [`fs_stall`]: the fast path for a rank stuck on a filesystem (or stopped) while the job stalls.
 //! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
@@ -16,6 +17,7 @@
 pub mod acting;
 pub mod activity;
 pub mod answer;
+pub mod collectives;
 pub mod death;
 pub mod detector;
 pub mod faults;

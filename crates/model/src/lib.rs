@@ -5,12 +5,14 @@
 
 mod alerting;
 mod clock;
+mod collectives;
 mod death;
 mod errors;
 pub mod exit;
 pub mod kernel_log;
 mod node;
 mod observation;
+mod rank_ranges;
 mod recurrence;
 mod stall;
 mod timeline;
@@ -21,10 +23,14 @@ pub use clock::{
     coarse_duration_text, duration_text, format_duration, format_limit, parse_iso, rfc3339,
     unix_now, utc_stamp, utc_time, WallTime, WallTimeParseError,
 };
+pub use collectives::{
+    CollectiveEntry, CollectiveRecord, CollectiveState, FlightRecorderError, GroupRecord,
+};
 pub use death::RankDeath;
 pub use errors::error_chain;
 pub use node::*;
 pub use observation::*;
+pub use rank_ranges::rank_ranges;
 pub use recurrence::{FleetIncident, IncidentMember, Recurrence, RecurrenceSource, Sighting};
 pub use stall::StallTier;
 pub use timeline::*;

@@ -1,7 +1,7 @@
 //! The picture of every rank, as data: one row per node, one cell per rank at its local rank (its position among
 //! that node's ranks sorted by rank number), each with its group and state. Pure: verdict in, rows out.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use hangwatch_model::Verdict;
 
@@ -105,34 +105,7 @@ pub fn layout(verdict: &Verdict) -> Vec<NodeRow<'_>> {
     rows
 }
 
-/// Ranks as short ranges: `0-7, 9, 12-13`.
-pub fn rank_ranges(ranks: &[u32]) -> String {
-    let sorted: BTreeSet<u32> = ranks.iter().copied().collect();
-    let mut parts: Vec<String> = Vec::new();
-    let mut run: Option<(u32, u32)> = None;
-    for r in sorted {
-        run = match run {
-            Some((start, end)) if r == end + 1 => Some((start, r)),
-            Some(done) => {
-                parts.push(range_text(done));
-                Some((r, r))
-            }
-            None => Some((r, r)),
-        };
-    }
-    if let Some(done) = run {
-        parts.push(range_text(done));
-    }
-    parts.join(", ")
-}
-
-fn range_text((start, end): (u32, u32)) -> String {
-    if start == end {
-        start.to_string()
-    } else {
-        format!("{start}-{end}")
-    }
-}
+pub use hangwatch_model::rank_ranges;
 
 #[cfg(test)]
 mod tests {
@@ -211,11 +184,5 @@ mod tests {
         assert_eq!(rows[0].cells[0].state, "D");
         assert_eq!(rows[1].node, None);
         assert_eq!(rows[1].cells.len(), 2);
-    }
-
-    #[test]
-    fn ranges_are_compact() {
-        assert_eq!(rank_ranges(&[3, 0, 1, 2, 7, 9, 10]), "0-3, 7, 9-10");
-        assert_eq!(rank_ranges(&[]), "");
     }
 }
