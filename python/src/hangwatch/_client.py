@@ -410,6 +410,9 @@ def _open(address: Any) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         sock.setblocking(False)
+        # An abstract address of the kernel's choosing, so that the agent can ask this process for its collectives
+        # (_flight.py); connected, the socket takes datagrams from the agent alone.
+        sock.bind("")
         sock.connect(address)
     except OSError:
         sock.close()
