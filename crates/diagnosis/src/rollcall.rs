@@ -4,9 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use hangwatch_model::{
-    Culprit, FilesystemStatus, Group, NodeObservations, PageFault, ProbeResult, ProcessObservation,
-    RankPlace, RankReport, Verdict, VerdictKind, WorkerRef, WorkerReport,
-    NODE_OBSERVATIONS_VERSION, VERDICT_VERSION,
+    CollectiveAnalysis, CollectiveFinding, CollectiveRecord, Culprit, FilesystemStatus, Group,
+    NodeObservations, PageFault, ProbeResult, ProcessObservation, RankPlace, RankReport, Verdict,
+    VerdictKind, WorkerRef, WorkerReport, NODE_OBSERVATIONS_VERSION, VERDICT_VERSION,
 };
 
 use crate::faults::{fault_place, fault_words, shared_file};
@@ -69,6 +69,8 @@ impl RollCallInput {
             probes: self.probes.clone(),
             kernel_log: None,
             unreadable: Vec::new(),
+            collectives_asked: Vec::new(),
+            collectives: Vec::new(),
         }
     }
 }
@@ -500,6 +502,26 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             culprit_idx = lock_waiters;
         }
     }
+    // Where no rank stands out in /proc (all wait, often at one line), the ranks' Flight Recorders say who did not
+    // join which collective, or entered another one.
+    let collectives = collective_analysis(nodes);
+    let recorder_culprits: Vec<usize> = collectives.as_ref().map_or_else(Vec::new, |a| {
+        let named: BTreeSet<u32> = a
+            .findings
+            .iter()
+            .flat_map(|f| f.culprits().iter().copied())
+            .collect();
+        (0..entries.len())
+            .filter(|&i| entries[i].process.rank.is_some_and(|r| named.contains(&r)))
+            .collect()
+    });
+    let kind_from_recorder = matches!(kind, None | Some(VerdictKind::CollectiveHang))
+        && !recorder_culprits.is_empty()
+        && recorder_culprits.len() < entries.len();
+    if kind_from_recorder {
+        kind = Some(VerdictKind::Diverged);
+        culprit_idx = recorder_culprits.clone();
+    }
     // A worker stuck on a filesystem holds its rank, and so everyone, up: it outranks every other finding but a
     // rank that is itself blocked in the kernel, next to which it is listed.
     let stuck_workers: Vec<usize> = (0..workers.len())
@@ -649,6 +671,21 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             nodes_late.join(", ")
         );
     }
+    let recorder_says: Vec<String> = collectives
+        .iter()
+        .flat_map(|a| a.findings.iter().take(2).map(CollectiveFinding::sentence))
+        .collect();
+    if !recorder_says.is_empty() {
+        // Who (the recorder) and why (the kernel view) in one sentence; the recorder's first where it decided.
+        summary = if kind_from_recorder {
+            format!("{}; {summary}", recorder_says.join("; "))
+        } else {
+            format!(
+                "{summary}; the Flight Recorder: {}",
+                recorder_says.join("; ")
+            )
+        };
+    }
     let recommendations = recommend(
         kind,
         &all,
@@ -661,6 +698,14 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
     let mut warnings = Vec::new();
     if let Some(unknown) = ranks_unknown(entries.iter().map(|e| e.process)) {
         warnings.push(unknown);
+    }
+    if let Some(analysis) = &collectives {
+        warnings.extend(recorder_warnings(
+            analysis,
+            &culprit_idx,
+            &recorder_culprits,
+            kind_from_recorder,
+        ));
     }
     for node in &nodes_not_seen {
         warnings.push(format!(
@@ -777,6 +822,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         activity,
         scope: None,
         scope_evidence: Vec::new(),
+        collectives,
     };
     crate::scope::apply_scope(&mut verdict, &[]);
     verdict
@@ -1108,6 +1154,59 @@ pub fn ranks_unknown<'a>(
 
 /// `entries`: the ranks (the first `n_ranks`), then the workers; `culprits` index it. `groups` carry the indices
 /// of their ranks.
+/// The missing-rank analysis over every node's Flight Recorder records, when any rank was asked for one.
+fn collective_analysis(nodes: &[NodeObservations]) -> Option<CollectiveAnalysis> {
+    let asked: Vec<u32> = nodes
+        .iter()
+        .flat_map(|n| n.collectives_asked.iter().copied())
+        .collect();
+    if asked.is_empty() {
+        return None;
+    }
+    let records: Vec<CollectiveRecord> = nodes
+        .iter()
+        .flat_map(|n| n.collectives.iter().cloned())
+        .collect();
+    Some(crate::collectives::analyse(&records, &asked))
+}
+
+/// What the verdict's reader should know of the recorder's view: ranks that did not answer, and a recorder that
+/// names other ranks than the kernel view does.
+fn recorder_warnings(
+    analysis: &CollectiveAnalysis,
+    culprits: &[usize],
+    recorder_culprits: &[usize],
+    kind_from_recorder: bool,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if !analysis.unanswered.is_empty() {
+        warnings.push(format!(
+            "{} did not return {} Flight Recorder in time (a rank holding the GIL in a C call or in D cannot): what              {} last issued is unknown",
+            ranks_words(&analysis.unanswered),
+            if analysis.unanswered.len() == 1 { "its" } else { "their" },
+            if analysis.unanswered.len() == 1 { "it" } else { "they" },
+        ));
+    }
+    if !kind_from_recorder
+        && !recorder_culprits.is_empty()
+        && !culprits.is_empty()
+        && culprits.iter().all(|i| !recorder_culprits.contains(i))
+    {
+        warnings.push(
+            "the Flight Recorder and the processes disagree: the recorder's finding names other ranks than the              culprits seen in /proc (both are in this verdict)"
+                .to_string(),
+        );
+    }
+    warnings
+}
+
+fn ranks_words(ranks: &[u32]) -> String {
+    match ranks {
+        [one] => format!("rank {one}"),
+        many => format!("ranks {}", hangwatch_model::rank_ranges(many)),
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn summarize(
     kind: VerdictKind,

@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use hangwatch_diagnosis::collectives::{analyse, CollectiveFinding};
-use hangwatch_model::CollectiveRecord;
+use hangwatch_diagnosis::collectives::analyse;
+use hangwatch_model::{CollectiveFinding, CollectiveRecord};
 
 fn records(case: &str) -> Vec<CollectiveRecord> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

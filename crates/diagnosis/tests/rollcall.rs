@@ -870,3 +870,80 @@ fn a_rank_waiting_for_a_lock_someone_holds_is_the_culprit_even_in_an_even_split(
     let v = roll_call(&input(procs, vec![]));
     assert_eq!(v.kind, VerdictKind::Unknown, "{}", v.summary);
 }
+
+/// Every rank of three waits at the same line; their Flight Recorders (real gloo dumps, tests/fixtures) say what
+/// /proc cannot.
+fn with_recorders(case: &str, answered: &[u32]) -> hangwatch_model::NodeObservations {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/flight_recorder")
+        .join(case);
+    let mut obs = input(ranks(3), vec![]).to_node_observations();
+    obs.collectives_asked = vec![0, 1, 2];
+    obs.collectives = answered
+        .iter()
+        .map(|&rank| {
+            let json =
+                std::fs::read(dir.join(format!("rank{rank}.json"))).expect("a recorded dump");
+            hangwatch_model::CollectiveRecord::from_flight_recorder_json(rank, &json, 16)
+                .expect("a dump")
+        })
+        .collect();
+    obs
+}
+
+#[test]
+fn a_collective_hang_whose_recorders_name_the_odd_rank_is_diverged_on_that_rank() {
+    let v = hangwatch_diagnosis::decide(
+        &[with_recorders("mismatch", &[0, 1, 2])],
+        &Default::default(),
+    );
+    assert_eq!(v.kind, VerdictKind::Diverged, "{}", v.summary);
+    assert_eq!(v.culprits.len(), 1);
+    assert_eq!(v.culprits[0].rank, Some(1));
+    assert!(
+        v.summary.starts_with(
+            "rank 1 entered all_gather #6 of process group 0 ([4] float32) where ranks 0, 2 entered all_reduce #6"
+        ),
+        "{}",
+        v.summary
+    );
+    assert_eq!(v.collectives.as_ref().map(|c| c.findings.len()), Some(1));
+    // The verdict JSON carries the finding.
+    let json = serde_json::to_value(&v).unwrap();
+    assert_eq!(json["collectives"]["findings"][0]["kind"], "mismatch");
+}
+
+#[test]
+fn without_answers_from_every_rank_the_recorders_accuse_nobody_and_say_who_did_not_answer() {
+    let v = hangwatch_diagnosis::decide(&[with_recorders("missing", &[0, 1])], &Default::default());
+    assert_eq!(v.kind, VerdictKind::CollectiveHang, "{}", v.summary);
+    assert!(v.culprits.is_empty());
+    assert!(
+        v.warnings
+            .iter()
+            .any(|w| w.starts_with("rank 2 did not return its Flight Recorder in time")),
+        "{:?}",
+        v.warnings
+    );
+    // Nobody asked: no analysis at all.
+    let v = roll_call(&input(ranks(3), vec![]));
+    assert!(v.collectives.is_none());
+}
+
+#[test]
+fn a_rank_blocked_in_the_kernel_stays_the_culprit_and_the_recorder_says_which_collective_it_missed()
+{
+    let mut obs = with_recorders("missing", &[0, 1, 2]);
+    obs.ranks[2].threads[0] = thread(1002, 'D', "percpu_rwsem_wait", None);
+    let v = hangwatch_diagnosis::decide(&[obs], &Default::default());
+    assert_eq!(v.kind, VerdictKind::BlockedInKernel, "{}", v.summary);
+    assert_eq!(v.culprits[0].rank, Some(2));
+    assert!(
+        v.summary.contains(
+            "; the Flight Recorder: rank 2 never joined all_reduce #6 of process group 0 ([20000] float32); ranks 0-1 \
+             wait in it"
+        ),
+        "{}",
+        v.summary
+    );
+}

@@ -404,6 +404,9 @@ pub fn take_roll_call(
             kernel_log: None,
             unreadable,
             pids: crate::namespaces::own_pid_view(procfs),
+            // Asked for by the agent beside the roll call (crates/agent/src/collectives.rs).
+            collectives_asked: Vec::new(),
+            collectives: Vec::new(),
         },
         elapsed: took,
         stacks_prepared,

@@ -1,6 +1,6 @@
 //! A rank's record of its collectives, as PyTorch's Flight Recorder keeps it: per process group, how far the rank
 //! got and its last collectives. Read from the recorder's JSON dump (`_dump_fr_trace_json`); what the missing-rank
-//! analysis in `hangwatch-diagnosis` works from.
+//! analysis in `hangwatch-diagnosis` works from, and what it finds (the verdict's `collectives`).
 //!
 //! Only what the analysis needs is kept. The dump's `pg_config` is not: PyTorch 2.15 keys it by an empty name and
 //! keeps only the last group made, so a group's members are the ranks that report it.
@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use crate::rank_ranges;
 
 /// One rank's Flight Recorder, reduced to what the analysis reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,6 +97,134 @@ fn dtype_name(c10: &str) -> &str {
         "Bool" => "bool",
         other => other,
     }
+}
+
+/// What the records of one roll call say.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectiveAnalysis {
+    pub findings: Vec<CollectiveFinding>,
+    /// Ranks asked for their record that gave none (busy holding the GIL, in D, not using torch.distributed):
+    /// what they last issued is unknown, and no finding accuses or clears them.
+    pub unanswered: Vec<u32>,
+}
+
+/// A collective as the analysis names it: its group, number, kind and inputs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectiveCall {
+    /// The process group's name (`"0"` is the default group).
+    pub group: String,
+    pub seq: u64,
+    /// `all_reduce`, `barrier`, ...; `None` where no record kept that collective.
+    pub op: Option<String>,
+    /// `[20000] float32`, as [`CollectiveEntry::shape_text`] writes it.
+    pub shape: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CollectiveFinding {
+    /// `missing` never issued `call`; `waiting` did and wait in it.
+    NeverJoined {
+        call: CollectiveCall,
+        missing: Vec<u32>,
+        waiting: Vec<u32>,
+    },
+    /// At `usual.seq`, `odd` issued `odd_call` where `usual_ranks` issued `usual`.
+    Mismatch {
+        usual: CollectiveCall,
+        usual_ranks: Vec<u32>,
+        odd_call: CollectiveCall,
+        odd: Vec<u32>,
+    },
+    /// Every rank that answered issued `call`; it has not completed on `not_completed`.
+    AllIn {
+        call: CollectiveCall,
+        ranks: Vec<u32>,
+        not_completed: Vec<u32>,
+    },
+}
+
+impl CollectiveFinding {
+    /// The ranks this finding points at: those that never joined or entered something else. None for "all in".
+    pub fn culprits(&self) -> &[u32] {
+        match self {
+            CollectiveFinding::NeverJoined { missing, .. } => missing,
+            CollectiveFinding::Mismatch { odd, .. } => odd,
+            CollectiveFinding::AllIn { .. } => &[],
+        }
+    }
+
+    /// One sentence: "rank 3 never joined all_reduce #1234 of process group 0 ([20000] float32); ranks 0-2, 4-7
+    /// wait in it".
+    pub fn sentence(&self) -> String {
+        match self {
+            CollectiveFinding::NeverJoined {
+                call,
+                missing,
+                waiting,
+            } => format!(
+                "{} never joined {}; {} {} in it",
+                ranks_word(missing),
+                call_text(call, true),
+                ranks_word(waiting),
+                if waiting.len() == 1 { "waits" } else { "wait" }
+            ),
+            CollectiveFinding::Mismatch {
+                usual,
+                usual_ranks,
+                odd_call,
+                odd,
+            } => format!(
+                "{} entered {} where {} entered {}",
+                ranks_word(odd),
+                call_text(odd_call, true),
+                ranks_word(usual_ranks),
+                call_text(usual, false)
+            ),
+            CollectiveFinding::AllIn {
+                call,
+                ranks,
+                not_completed,
+            } => format!(
+                "{} issued {}; it has not completed on {}",
+                if ranks.len() > 1 {
+                    format!(
+                        "every rank of process group {} ({})",
+                        call.group,
+                        rank_ranges(ranks)
+                    )
+                } else {
+                    ranks_word(ranks)
+                },
+                call_text(call, ranks.len() <= 1),
+                ranks_word(not_completed)
+            ),
+        }
+    }
+}
+
+/// `rank 3`, `ranks 0-2, 4-7`.
+fn ranks_word(ranks: &[u32]) -> String {
+    match ranks {
+        [one] => format!("rank {one}"),
+        many => format!("ranks {}", rank_ranges(many)),
+    }
+}
+
+/// `all_reduce #1234 of process group 0 ([20000] float32)`; the group left out where the sentence named it.
+fn call_text(call: &CollectiveCall, with_group: bool) -> String {
+    let mut text = format!(
+        "{} #{}",
+        call.op.as_deref().unwrap_or("collective"),
+        call.seq
+    );
+    if with_group {
+        text.push_str(&format!(" of process group {}", call.group));
+    }
+    if let Some(shape) = &call.shape {
+        text.push_str(&format!(" ({shape})"));
+    }
+    text
 }
 
 /// The Flight Recorder dump could not be read.

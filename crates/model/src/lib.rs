@@ -24,7 +24,8 @@ pub use clock::{
     unix_now, utc_stamp, utc_time, WallTime, WallTimeParseError,
 };
 pub use collectives::{
-    CollectiveEntry, CollectiveRecord, CollectiveState, FlightRecorderError, GroupRecord,
+    CollectiveAnalysis, CollectiveCall, CollectiveEntry, CollectiveFinding, CollectiveRecord,
+    CollectiveState, FlightRecorderError, GroupRecord,
 };
 pub use death::RankDeath;
 pub use errors::error_chain;

@@ -44,6 +44,12 @@ pub struct NodeObservations {
     /// Whose pids these are: the node's, or a container's when the agent runs inside one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<crate::PidView>,
+    /// The ranks asked for their Flight Recorder at this roll call (those whose client can answer).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub collectives_asked: Vec<u32>,
+    /// What the ranks that answered in time said of their collectives.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub collectives: Vec<crate::CollectiveRecord>,
 }
 
 impl NodeObservations {
@@ -62,6 +68,8 @@ impl NodeObservations {
             kernel_log: None,
             unreadable: Vec::new(),
             pids: None,
+            collectives_asked: Vec::new(),
+            collectives: Vec::new(),
         }
     }
 

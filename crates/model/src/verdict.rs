@@ -127,6 +127,9 @@ pub struct Verdict {
     /// each node's evidence bundle keeps its own ranks' rows.
     #[serde(default, skip_serializing_if = "crate::is_zero")]
     pub ranks_not_listed: u32,
+    /// What the ranks' Flight Recorders say of their collectives (who did not join which), when they were asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collectives: Option<crate::CollectiveAnalysis>,
 }
 
 /// Which pid namespace the pids of a verdict are numbered in.
@@ -208,6 +211,7 @@ impl Verdict {
             scope_evidence,
             pids,
             ranks_not_listed,
+            collectives,
         } = self;
         Verdict {
             version: *version,
@@ -231,6 +235,7 @@ impl Verdict {
             scope_evidence: scope_evidence.clone(),
             pids: *pids,
             ranks_not_listed: *ranks_not_listed,
+            collectives: collectives.clone(),
         }
     }
 
@@ -258,6 +263,7 @@ impl Verdict {
             scope_evidence: Vec::new(),
             pids: None,
             ranks_not_listed: 0,
+            collectives: None,
         }
     }
 }

@@ -63,7 +63,7 @@ def report_from_torch() -> bool:
 
 def start_watcher() -> None:
     """Start the daemon thread that reports the rank once `torch.distributed` is initialized (then answers the
-    agent's requests for the Flight Recorder, when it records: _flight.py). Only in a process
+    agent's requests for the Flight Recorder: _flight.py). Only in a process
     the agent watches, and never in a forked child (a DataLoader worker inherits its rank's initialized state but is
     not a rank)."""
     global _watcher
@@ -80,12 +80,11 @@ def _watch() -> None:
     event = threading.Event()
     while not report_from_torch():
         event.wait(WATCH_INTERVAL_S)
-    # A rank of a torch.distributed job whose Flight Recorder records: the thread stays to answer the agent's roll
-    # calls with it (_flight.py), blocked in select in between.
+    # A rank of a torch.distributed job: the thread stays to answer the agent's roll calls with its Flight Recorder
+    # (_flight.py; an empty record where it does not record), blocked in select in between.
     from hangwatch import _flight
 
-    if _flight.recording():
-        _flight.serve()
+    _flight.serve()
 
 
 def _number(value: Any) -> Optional[int]:
