@@ -1,7 +1,9 @@
 """A real torch job that knows nothing of hangwatch: it never imports it and prints nothing while it trains. Ranks
 (gloo, CPU) do an optimizer step with an all_reduce every --step-time seconds; optionally one rank deadlocks on a
-lock after --deadlock-after steps (its peers then wait in the next all_reduce), and --print-path prints PYTHONPATH
-first (for the test of what `run` puts in the ranks' environment).
+lock after --deadlock-after steps (its peers then wait in the next all_reduce); with --mismatch-after, every rank
+issues its gradients' collective asynchronously and waits for it at one line, and at that step --mismatch-rank
+issues an all_gather where the others issue an all_reduce (gloo then waits forever, and all stacks are the same);
+--print-path prints PYTHONPATH first (for the test of what `run` puts in the ranks' environment).
 
     hangwatch run --nproc 2 -- python tests/python/plain_torch_job.py --steps 100
 """
@@ -21,6 +23,8 @@ def main():
     p.add_argument("--step-time", type=float, default=0.2)
     p.add_argument("--deadlock-after", type=int, default=-1)
     p.add_argument("--deadlock-rank", type=int, default=1)
+    p.add_argument("--mismatch-after", type=int, default=-1)
+    p.add_argument("--mismatch-rank", type=int, default=1)
     p.add_argument("--print-path", action="store_true")
     args = p.parse_args()
     if args.print_path:
@@ -34,8 +38,16 @@ def main():
             load_batch()
         opt.zero_grad()
         model(torch.ones(4, 16)).sum().backward()
-        for param in model.parameters():
-            dist.all_reduce(param.grad)
+        if args.mismatch_after >= 0:
+            if step == args.mismatch_after and rank == args.mismatch_rank:
+                world = dist.get_world_size()
+                work = dist.all_gather([torch.zeros(4) for _ in range(world)], torch.zeros(4), async_op=True)
+            else:
+                work = dist.all_reduce(model.weight.grad, async_op=True)
+            work.wait()
+        else:
+            for param in model.parameters():
+                dist.all_reduce(param.grad)
         opt.step()
         time.sleep(args.step_time)
     dist.destroy_process_group()

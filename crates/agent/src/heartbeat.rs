@@ -19,6 +19,7 @@ use nix::sys::socket::{
     self, sockopt, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
 };
 
+use crate::collectives::CollectivesDesk;
 use crate::events::Event;
 pub use crate::events::{ClientRank, PhaseMessage};
 use crate::members::JobMembers;
@@ -89,10 +90,11 @@ pub struct HeartbeatContext {
 }
 
 /// The bound socket; removes its file when dropped.
-#[derive(Debug)]
 pub struct HeartbeatSocket {
     path: PathBuf,
     pub stats: Arc<HeartbeatStats>,
+    /// Where roll calls ask the ranks for their Flight Recorder (requests leave from this socket).
+    pub collectives: Arc<CollectivesDesk>,
 }
 
 impl HeartbeatSocket {
@@ -113,12 +115,15 @@ pub fn start(path: &Path, ctx: HeartbeatContext) -> std::io::Result<HeartbeatSoc
     let socket = bind_private(path)?;
     let stats = Arc::new(HeartbeatStats::default());
     let thread_stats = Arc::clone(&stats);
+    let collectives = Arc::new(CollectivesDesk::new(socket.try_clone()?));
+    let desk = Arc::clone(&collectives);
     std::thread::Builder::new()
         .name("hw-heartbeat".into())
-        .spawn(move || receive_loop(socket, ctx, thread_stats))?;
+        .spawn(move || receive_loop(socket, ctx, thread_stats, &desk))?;
     Ok(HeartbeatSocket {
         path: path.to_path_buf(),
         stats,
+        collectives,
     })
 }
 
@@ -151,14 +156,14 @@ fn bind_private(path: &Path) -> std::io::Result<UnixDatagram> {
     Ok(UnixDatagram::from(fd))
 }
 
-/// One datagram and the pid the kernel says sent it.
+/// One datagram, the pid the kernel says sent it, and the address it came from.
 fn receive(
     socket: &UnixDatagram,
     buf: &mut [u8],
     cmsg: &mut Vec<u8>,
-) -> std::io::Result<(usize, Option<i32>)> {
+) -> std::io::Result<(usize, Option<i32>, Option<UnixAddr>)> {
     let mut iov = [IoSliceMut::new(buf)];
-    let msg = socket::recvmsg::<()>(
+    let msg = socket::recvmsg::<UnixAddr>(
         socket.as_raw_fd(),
         &mut iov,
         Some(cmsg),
@@ -171,15 +176,20 @@ fn receive(
             _ => None,
         })
     });
-    Ok((msg.bytes, pid.filter(|p| *p > 0)))
+    Ok((msg.bytes, pid.filter(|p| *p > 0), msg.address))
 }
 
-fn receive_loop(socket: UnixDatagram, ctx: HeartbeatContext, stats: Arc<HeartbeatStats>) {
+fn receive_loop(
+    socket: UnixDatagram,
+    ctx: HeartbeatContext,
+    stats: Arc<HeartbeatStats>,
+    collectives: &CollectivesDesk,
+) {
     let mut buf = vec![0u8; 66_000];
     let mut cmsg = nix::cmsg_space!(nix::sys::socket::UnixCredentials);
     let mut drops = DropCounter::default();
     loop {
-        let (n, sender) = match receive(&socket, &mut buf, &mut cmsg) {
+        let (n, sender, address) = match receive(&socket, &mut buf, &mut cmsg) {
             Ok(r) => r,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
@@ -216,9 +226,14 @@ fn receive_loop(socket: UnixDatagram, ctx: HeartbeatContext, stats: Arc<Heartbea
             rank,
             local_rank,
             world_size,
+            ref via,
             ..
         } = message
         {
+            // A rank of torch.distributed: its client's thread now answers requests for the Flight Recorder.
+            if let (true, Some(address)) = (via == "torch", address) {
+                collectives.listening(sender, address);
+            }
             // The process says who it is: this is how a guess from the tree is corrected, so its number is not
             // checked against the one known so far.
             drops.observe(sender, header.seq);
@@ -290,6 +305,9 @@ fn receive_loop(socket: UnixDatagram, ctx: HeartbeatContext, stats: Arc<Heartbea
                     }
                     sink.push(line.into_bytes());
                 }
+            }
+            ClientMessage::Collectives { request, json, .. } => {
+                collectives.answer(sender, request, json.into_bytes());
             }
             ClientMessage::Hello { .. } | ClientMessage::Rank { .. } => {}
         }

@@ -25,6 +25,10 @@ pub const BOOTSTRAP_FILES: &[(&str, &str)] = &[
         include_str!("../../../python/src/hangwatch/_client.py"),
     ),
     (
+        "hangwatch/_flight.py",
+        include_str!("../../../python/src/hangwatch/_flight.py"),
+    ),
+    (
         "hangwatch/_logging.py",
         include_str!("../../../python/src/hangwatch/_logging.py"),
     ),

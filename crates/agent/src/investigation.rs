@@ -6,13 +6,13 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hangwatch_alert::{Alert, Alerter, Stage};
 use hangwatch_diagnosis::{decide, DecideOptions};
 use hangwatch_inspect::probe::{ProbeOptions, Prober};
 use hangwatch_inspect::rollcall::{take_roll_call, KnownProcess, RollCallOptions};
-use hangwatch_model::{unix_now, NodeObservations, ProcessObservation, Verdict};
+use hangwatch_model::{unix_now, CollectiveRecord, NodeObservations, ProcessObservation, Verdict};
 use hangwatch_proc::ProcFs;
 
 use crate::events::{Event, Investigation};
@@ -23,6 +23,13 @@ use crate::policy::Trigger;
 
 /// How long the evidence writer may take before it is abandoned (a report directory on a frozen filesystem).
 pub(crate) const EVIDENCE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// How long a roll call waits for the ranks' Flight Recorders, from the moment it asked (it reads /proc meanwhile):
+/// a rank's thread answers in milliseconds unless the rank holds the GIL, and then it never would.
+const COLLECTIVES_DEADLINE: Duration = Duration::from_secs(1);
+
+/// Collectives kept per process group and rank: the analysis needs the last few.
+const COLLECTIVES_KEPT: usize = 16;
 
 /// How long recording a verdict in the node's history may take (typically 20-50 ms): it comes before the
 /// evidence and the alert, which say how often the cause was seen, so a locked database costs at most this. With a
@@ -54,6 +61,8 @@ pub(crate) struct InvestigationJob {
     /// The ranks hangwatch started that have exited, with how.
     pub(crate) dead: Vec<crate::death::DeadRank>,
     pub(crate) witnesses: crate::death::Witnesses,
+    /// Where the ranks are asked for their Flight Recorder (none in the loop's unit tests).
+    pub(crate) collectives: Option<Arc<crate::collectives::CollectivesDesk>>,
 }
 
 impl InvestigationJob {
@@ -136,6 +145,11 @@ impl InvestigationJob {
     /// wait on (probed), the kernel log.
     pub(crate) fn observe(&self) -> NodeObservations {
         let procfs = ProcFs::new("/proc");
+        // Asked first, answered while /proc is read.
+        let asked = self
+            .collectives
+            .as_ref()
+            .map(|desk| (desk.ask(&self.pids), Instant::now()));
         let probe_timeout = self.probe_timeout;
         let prober = Arc::clone(&self.prober);
         let rollcall = take_roll_call(&procfs, &self.pids, &self.known, &self.options, |mounts| {
@@ -162,7 +176,33 @@ impl InvestigationJob {
         if self.kernel_log_unavailable.is_none() {
             observations.kernel_log = Some(hangwatch_kmsg::report_from_text(&self.kernel_log));
         }
+        if let (Some(desk), Some((asked, at))) = (&self.collectives, asked) {
+            let answers = desk.collect(&asked, at + COLLECTIVES_DEADLINE);
+            self.file_collectives(&mut observations, &asked.pids, &answers);
+        }
         observations
+    }
+
+    /// The Flight Recorder records that came back, by rank; a rank whose number is not known cannot be placed in
+    /// its groups and is left out.
+    fn file_collectives(
+        &self,
+        observations: &mut NodeObservations,
+        asked: &[i32],
+        answers: &HashMap<i32, Vec<u8>>,
+    ) {
+        let rank_of = |pid: &i32| self.known.get(pid).and_then(|k| k.rank);
+        observations.collectives_asked = asked.iter().filter_map(rank_of).collect();
+        for (pid, json) in answers {
+            let Some(rank) = rank_of(pid) else { continue };
+            match CollectiveRecord::from_flight_recorder_json(rank, json, COLLECTIVES_KEPT) {
+                Ok(record) => observations.collectives.push(record),
+                Err(e) => observations
+                    .unreadable
+                    .push(format!("rank {rank}'s Flight Recorder: {e}")),
+            }
+        }
+        observations.collectives.sort_by_key(|r| r.rank);
     }
 
     /// Writes the evidence of `verdict` with this node's `observations` (abandonable), and alerts when asked.

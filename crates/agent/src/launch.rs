@@ -88,6 +88,19 @@ pub fn rank_env(
     ]
 }
 
+/// The variable that sizes PyTorch's Flight Recorder, and the size `run` gives it where the job did not: the last
+/// 256 collectives of each rank. The analysis reads the last 16 of each group; a rank dumps and trims 256 entries in
+/// about 3 ms at a roll call, 2,000 in about 25 ms (docs/inside-evidence.md).
+pub const FLIGHT_RECORDER_BUFFER: &str = "TORCH_FR_BUFFER_SIZE";
+const FLIGHT_RECORDER_ENTRIES: &str = "256";
+
+/// Whether the job sized the recorder itself (either name PyTorch reads), in `run`'s settings or its environment.
+fn flight_recorder_set(env: &[(String, String)]) -> bool {
+    [FLIGHT_RECORDER_BUFFER, "TORCH_NCCL_TRACE_BUFFER_SIZE"]
+        .iter()
+        .any(|name| env.iter().any(|(k, _)| k == name) || std::env::var_os(name).is_some())
+}
+
 fn base_command(spec: &LaunchSpec) -> Result<Command, LaunchError> {
     let program = spec.command.first().ok_or(LaunchError::NoCommand)?;
     let mut cmd = Command::new(program);
@@ -116,6 +129,11 @@ fn base_command(spec: &LaunchSpec) -> Result<Command, LaunchError> {
             "PYTHONPATH",
             crate::instrument::python_path_with(dir, existing.as_deref()),
         );
+    }
+    // The Flight Recorder, which the roll call asks the ranks for (crate::collectives), records only with a buffer;
+    // a job that set one (or turned it off with 0) keeps its own.
+    if spec.python_bootstrap.is_some() && !flight_recorder_set(&spec.env) {
+        cmd.env(FLIGHT_RECORDER_BUFFER, FLIGHT_RECORDER_ENTRIES);
     }
     // Python buffers a pipe's output in 8 KiB blocks: lines would arrive late and in bursts, which hides progress
     // and loses the last lines of a rank that is killed.

@@ -2,6 +2,7 @@
 //! detects the stall, takes the roll call, keeps the evidence, alerts and ends the job.
 
 pub mod beats;
+pub mod collectives;
 pub mod death;
 pub mod events;
 pub mod evidence;

@@ -169,6 +169,8 @@ struct Supervisor {
     timeline: crate::timeline::TimelineRecorder,
     /// Where a dead rank's story is read from: the kernel log, its output, its memory cgroup, the core pattern.
     witnesses: crate::death::Witnesses,
+    /// Where roll calls ask the ranks for their Flight Recorder.
+    collectives: Option<Arc<crate::collectives::CollectivesDesk>>,
 }
 
 /// Runs the job to its end. Never returns while a rank it can still end is alive, and never waits on one it

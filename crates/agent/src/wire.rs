@@ -32,6 +32,13 @@ pub enum ClientMessage {
         /// Who told the client (`torch`, `lightning`); free text for the evidence.
         via: String,
     },
+    /// The answer to the agent's `hw1 dump-collectives <request>`: the rank's Flight Recorder, trimmed (JSON in the
+    /// recorder's own format).
+    Collectives {
+        header: Header,
+        request: u64,
+        json: String,
+    },
 }
 
 /// The fields every message has.
@@ -49,7 +56,8 @@ impl ClientMessage {
             | ClientMessage::Beat { header, .. }
             | ClientMessage::Phase { header, .. }
             | ClientMessage::Log { header, .. }
-            | ClientMessage::Rank { header, .. } => *header,
+            | ClientMessage::Rank { header, .. }
+            | ClientMessage::Collectives { header, .. } => *header,
         }
     }
 }
@@ -144,8 +152,18 @@ pub fn parse_datagram(bytes: &[u8]) -> Result<ClientMessage, WireError> {
                 via: parts.next().unwrap_or("").to_string(),
             })
         }
+        "collectives" => Ok(ClientMessage::Collectives {
+            header,
+            request: number(rest.map(str::trim), "request")?,
+            json: body.unwrap_or("").to_string(),
+        }),
         other => Err(WireError::UnknownType(other.to_string())),
     }
+}
+
+/// The agent's request for a rank's Flight Recorder (answered by [`ClientMessage::Collectives`]).
+pub fn collectives_request(request: u64) -> Vec<u8> {
+    format!("hw1 dump-collectives {request}").into_bytes()
 }
 
 #[cfg(test)]
@@ -254,5 +272,23 @@ mod tests {
         fn never_panics_on_near_misses(s in "hw1 (beat|phase|log|hello) [-0-9a-z ]{0,40}") {
             let _ = parse_datagram(s.as_bytes());
         }
+    }
+
+    #[test]
+    fn a_rank_answers_a_request_for_its_collectives_with_the_recorders_json() {
+        let m = parse_datagram(b"hw1 collectives 3 4242 9 17\n{\"pg_status\":{}}").unwrap();
+        assert_eq!(
+            m,
+            ClientMessage::Collectives {
+                header: h(Some(3), 4242, 9),
+                request: 17,
+                json: "{\"pg_status\":{}}".into(),
+            }
+        );
+        assert_eq!(
+            parse_datagram(b"hw1 collectives 3 4242 9 x\n{}"),
+            Err(WireError::Field("request"))
+        );
+        assert_eq!(collectives_request(17), b"hw1 dump-collectives 17");
     }
 }

@@ -120,3 +120,43 @@ fn no_instrument_leaves_the_ranks_python_path_as_it_was() {
         "/opt/job-lib"
     );
 }
+
+/// Every rank waits for an async collective at one line, where rank 2 issued an all_gather and the others an
+/// all_reduce: /proc sees the same stack everywhere; the ranks' Flight Recorders (switched on by `run`) name rank 2
+/// and what it entered.
+#[test]
+fn a_collective_mismatch_that_every_stack_hides_is_named_from_the_flight_recorders() {
+    let torch = require!(torch_python());
+    let mut run = HangwatchRun::start(
+        &["--nproc", "3", "--min-stall", "4s", "--quiet"],
+        &plain_job(
+            torch,
+            &[
+                "--step-time",
+                "0.2",
+                "--mismatch-after",
+                "20",
+                "--mismatch-rank",
+                "2",
+            ],
+        ),
+    );
+    let done = run.finish(Duration::from_secs(120));
+    done.assert_code(75);
+    let verdict = &done.json;
+    assert_eq!(verdict["kind"], "diverged", "{}", done.describe());
+    done.culprit(2);
+    let summary = verdict["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.starts_with("rank 2 entered all_gather #")
+            && summary
+                .contains("of process group 0 ([4] float32) where ranks 0-1 entered all_reduce #"),
+        "{summary}"
+    );
+    assert_eq!(
+        verdict["collectives"]["findings"][0]["kind"], "mismatch",
+        "{:#}",
+        verdict["collectives"]
+    );
+    assert_eq!(verdict["collectives"]["unanswered"], serde_json::json!([]));
+}

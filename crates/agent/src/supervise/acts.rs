@@ -218,6 +218,7 @@ impl Supervisor {
             node: self.config.node.clone(),
             dead: self.sampler.dead_ranks(),
             witnesses: self.witnesses.clone(),
+            collectives: self.collectives.clone(),
         }
     }
 

@@ -240,6 +240,7 @@ impl Supervisor {
             ordered_verdict: None,
             timeline: crate::timeline::TimelineRecorder::new(unix_time_of(start)),
             witnesses,
+            collectives: Some(Arc::clone(&socket.collectives)),
         };
         let wiring = Wiring {
             signals,

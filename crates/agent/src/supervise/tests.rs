@@ -180,6 +180,7 @@ fn supervisor(procs: Vec<JobProc>) -> (Supervisor, Arc<Mutex<Asked>>, Receiver<E
         ordered_observations: None,
         ordered_verdict: None,
         timeline: crate::timeline::TimelineRecorder::new(unix_time_of(start)),
+        collectives: None,
     };
     (sup, asked, rx)
 }
