@@ -266,8 +266,7 @@ fn thread_words(c: &hangwatch_model::Culprit) -> String {
 pub fn action_line(a: &hangwatch_model::ActionRecord) -> String {
     let ranks = match a.ranks.as_slice() {
         [] => String::new(),
-        [one] => format!(" rank {one}"),
-        many => format!(" ranks {}", rank_ranges(many)),
+        many => format!(" {}", hangwatch_model::ranks_words(many)),
     };
     let result = match (a.action.as_str(), a.ok) {
         ("terminate", true) => "ended",

@@ -149,8 +149,7 @@ pub fn termination_actions(
     }));
     let label = |ranks: &[u32], fallback: usize, what: &str| match ranks {
         [] => format!("{fallback} process{}", if fallback == 1 { "" } else { "es" }),
-        [one] => format!("rank {one}"),
-        many => format!("ranks {}", crate::render::rank_ranges(many)),
+        many => hangwatch_model::ranks_words(many),
     } + what;
     let n_ended = report.ended_by_term.len() + report.ended_by_kill.len();
     let mut detail = format!(

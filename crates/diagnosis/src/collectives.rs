@@ -286,8 +286,7 @@ mod tests {
         assert!(finding.culprits().is_empty());
         assert_eq!(
             finding.sentence(),
-            "every rank of process group 0 (0-3) issued all_reduce #4 ([20000] float32); it has not completed on \
-             ranks 0-3"
+            "ranks 0-3 issued all_reduce #4 of process group 0 ([20000] float32); it has not completed on ranks 0-3"
         );
         // All completed: nothing to say.
         let done: Vec<CollectiveRecord> = (0..4).map(|r| record(r, &STEP, 3)).collect();

@@ -1182,7 +1182,7 @@ fn recorder_warnings(
     if !analysis.unanswered.is_empty() {
         warnings.push(format!(
             "{} did not return {} Flight Recorder in time (a rank holding the GIL in a C call or in D cannot): what              {} last issued is unknown",
-            ranks_words(&analysis.unanswered),
+            hangwatch_model::ranks_words(&analysis.unanswered),
             if analysis.unanswered.len() == 1 { "its" } else { "their" },
             if analysis.unanswered.len() == 1 { "it" } else { "they" },
         ));
@@ -1198,13 +1198,6 @@ fn recorder_warnings(
         );
     }
     warnings
-}
-
-fn ranks_words(ranks: &[u32]) -> String {
-    match ranks {
-        [one] => format!("rank {one}"),
-        many => format!("ranks {}", hangwatch_model::rank_ranges(many)),
-    }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::rank_ranges;
+use crate::ranks_words;
 
 /// One rank's Flight Recorder, reduced to what the analysis reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,9 +164,9 @@ impl CollectiveFinding {
                 waiting,
             } => format!(
                 "{} never joined {}; {} {} in it",
-                ranks_word(missing),
+                ranks_words(missing),
                 call_text(call, true),
-                ranks_word(waiting),
+                ranks_words(waiting),
                 if waiting.len() == 1 { "waits" } else { "wait" }
             ),
             CollectiveFinding::Mismatch {
@@ -176,9 +176,9 @@ impl CollectiveFinding {
                 odd,
             } => format!(
                 "{} entered {} where {} entered {}",
-                ranks_word(odd),
+                ranks_words(odd),
                 call_text(odd_call, true),
-                ranks_word(usual_ranks),
+                ranks_words(usual_ranks),
                 call_text(usual, false)
             ),
             CollectiveFinding::AllIn {
@@ -187,27 +187,11 @@ impl CollectiveFinding {
                 not_completed,
             } => format!(
                 "{} issued {}; it has not completed on {}",
-                if ranks.len() > 1 {
-                    format!(
-                        "every rank of process group {} ({})",
-                        call.group,
-                        rank_ranges(ranks)
-                    )
-                } else {
-                    ranks_word(ranks)
-                },
-                call_text(call, ranks.len() <= 1),
-                ranks_word(not_completed)
+                ranks_words(ranks),
+                call_text(call, true),
+                ranks_words(not_completed)
             ),
         }
-    }
-}
-
-/// `rank 3`, `ranks 0-2, 4-7`.
-fn ranks_word(ranks: &[u32]) -> String {
-    match ranks {
-        [one] => format!("rank {one}"),
-        many => format!("ranks {}", rank_ranges(many)),
     }
 }
 

@@ -31,7 +31,7 @@ pub use death::RankDeath;
 pub use errors::error_chain;
 pub use node::*;
 pub use observation::*;
-pub use rank_ranges::rank_ranges;
+pub use rank_ranges::{rank_ranges, ranks_words};
 pub use recurrence::{FleetIncident, IncidentMember, Recurrence, RecurrenceSource, Sighting};
 pub use stall::StallTier;
 pub use timeline::*;

@@ -1,4 +1,4 @@
-//! Rank lists as people read them: `0-3, 5, 7-9`.
+//! Rank lists as people read them: `0-3, 5, 7-9`, `rank 3`, `ranks 0-2`.
 
 use std::collections::BTreeSet;
 
@@ -24,6 +24,15 @@ pub fn rank_ranges(ranks: &[u32]) -> String {
         .join(", ")
 }
 
+/// `rank 3`, `ranks 0-2, 5`; empty for none.
+pub fn ranks_words(ranks: &[u32]) -> String {
+    match ranks {
+        [] => String::new(),
+        [one] => format!("rank {one}"),
+        many => format!("ranks {}", rank_ranges(many)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -36,5 +45,12 @@ mod tests {
         assert_eq!(rank_ranges(&[3, 1, 2, 2]), "1-3");
         assert_eq!(rank_ranges(&[]), "");
         assert_eq!(rank_ranges(&[u32::MAX, 0]), format!("0, {}", u32::MAX));
+    }
+
+    #[test]
+    fn one_rank_or_several_in_words() {
+        assert_eq!(ranks_words(&[3]), "rank 3");
+        assert_eq!(ranks_words(&[2, 0, 1, 5]), "ranks 0-2, 5");
+        assert_eq!(ranks_words(&[]), "");
     }
 }
