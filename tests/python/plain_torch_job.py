@@ -3,7 +3,9 @@
 lock after --deadlock-after steps (its peers then wait in the next all_reduce); with --mismatch-after, every rank
 issues its gradients' collective asynchronously and waits for it at one line, and at that step --mismatch-rank
 issues an all_gather where the others issue an all_reduce (gloo then waits forever, and all stacks are the same);
---print-path prints PYTHONPATH first (for the test of what `run` puts in the ranks' environment).
+with --hold-gil-after, --hold-gil-rank enters a C call that never lets go of the GIL (a regular expression that
+backtracks forever) while its peers wait in the next all_reduce; --print-path prints PYTHONPATH first (for the test
+of what `run` puts in the ranks' environment).
 
     hangwatch run --nproc 2 -- python tests/python/plain_torch_job.py --steps 100
 """
@@ -25,6 +27,8 @@ def main():
     p.add_argument("--deadlock-rank", type=int, default=1)
     p.add_argument("--mismatch-after", type=int, default=-1)
     p.add_argument("--mismatch-rank", type=int, default=1)
+    p.add_argument("--hold-gil-after", type=int, default=-1)
+    p.add_argument("--hold-gil-rank", type=int, default=1)
     p.add_argument("--print-path", action="store_true")
     args = p.parse_args()
     if args.print_path:
@@ -36,6 +40,8 @@ def main():
     for step in range(args.steps):
         if step == args.deadlock_after and rank == args.deadlock_rank:
             load_batch()
+        if step == args.hold_gil_after and rank == args.hold_gil_rank:
+            parse_header()
         opt.zero_grad()
         model(torch.ones(4, 16)).sum().backward()
         if args.mismatch_after >= 0:
@@ -51,6 +57,13 @@ def main():
         opt.step()
         time.sleep(args.step_time)
     dist.destroy_process_group()
+
+
+def parse_header():
+    """Backtracks for ever inside the regular expression engine, a C call that holds the GIL throughout."""
+    import re
+
+    re.match(r"(a+)+$", "a" * 64 + "b")
 
 
 def load_batch():

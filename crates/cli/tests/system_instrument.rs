@@ -160,3 +160,46 @@ fn a_collective_mismatch_that_every_stack_hides_is_named_from_the_flight_recorde
     );
     assert_eq!(verdict["collectives"]["unanswered"], serde_json::json!([]));
 }
+
+/// Rank 1 enters a C call that holds the GIL: its thread cannot answer for its Flight Recorder, and the roll call
+/// does not wait for it; the ranks that answered are in the verdict beside the kernel view's culprit.
+#[test]
+fn a_rank_holding_the_gil_does_not_return_its_flight_recorder_and_is_still_named() {
+    let torch = require!(torch_python());
+    let mut run = HangwatchRun::start(
+        &["--nproc", "3", "--stall-after", "4s", "--quiet"],
+        &plain_job(
+            torch,
+            &[
+                "--step-time",
+                "0.2",
+                "--hold-gil-after",
+                "10",
+                "--hold-gil-rank",
+                "1",
+            ],
+        ),
+    );
+    let done = run.finish(Duration::from_secs(120));
+    done.assert_code(75);
+    assert_eq!(done.json["kind"], "busy", "{}", done.describe());
+    done.culprit(1);
+    let collectives = &done.json["collectives"];
+    assert_eq!(
+        collectives["unanswered"],
+        serde_json::json!([1]),
+        "{collectives:#}"
+    );
+    assert_eq!(
+        collectives["findings"][0]["ranks"],
+        serde_json::json!([0, 2]),
+        "{collectives:#}"
+    );
+    let warned = done.json["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .any(|w| w.starts_with("rank 1 did not return its Flight Recorder in time"));
+    assert!(warned, "{}", done.describe());
+}

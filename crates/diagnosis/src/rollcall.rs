@@ -1181,7 +1181,8 @@ fn recorder_warnings(
     let mut warnings = Vec::new();
     if !analysis.unanswered.is_empty() {
         warnings.push(format!(
-            "{} did not return {} Flight Recorder in time (a rank holding the GIL in a C call or in D cannot): what              {} last issued is unknown",
+            "{} did not return {} Flight Recorder in time (a rank that holds the GIL in a C call cannot): what {} last \
+             issued is unknown",
             hangwatch_model::ranks_words(&analysis.unanswered),
             if analysis.unanswered.len() == 1 { "its" } else { "their" },
             if analysis.unanswered.len() == 1 { "it" } else { "they" },
@@ -1193,7 +1194,8 @@ fn recorder_warnings(
         && culprits.iter().all(|i| !recorder_culprits.contains(i))
     {
         warnings.push(
-            "the Flight Recorder and the processes disagree: the recorder's finding names other ranks than the              culprits seen in /proc (both are in this verdict)"
+            "the Flight Recorder and the processes disagree: the recorder's finding names other ranks than the culprits \
+             seen in /proc (both are in this verdict)"
                 .to_string(),
         );
     }
