@@ -10,6 +10,10 @@ One rank can be told to misbehave (--behaviour), to reproduce the hangs hangwatc
   spin        after --after steps, compute forever (busy while peers wait)
   lock        after --after steps, deadlock on a threading lock (a data-loader style hang)
   exit        after --after steps, exit with code 3 (peers wait for a rank that is gone)
+  async_checkpoint
+              from --after steps on, save a checkpoint to --fs-dir every step in a thread named `ckpt-writer`
+              (an async checkpoint writer, 1 MiB and fsync) that the main thread then joins: on a frozen
+              filesystem the writer sleeps in D and the main thread waits for it in join()
   mmap_stall  map --mmap-file MAP_SHARED and touch it; when triggered (SIGUSR1 or --trigger-file appears) one
               thread writes to the page and 0.5 s later another munmaps it. On a frozen filesystem the write fault
               waits while holding the memory-area lock and munmap waits behind it holding the mmap lock, so every
@@ -248,6 +252,19 @@ def write_log(log, rank, step):
 
 # ---- misbehaviours ----
 
+def save_in_thread(directory, step):
+    """An async checkpoint writer: a thread named `ckpt-writer` writes 1 MiB and fsyncs; the main thread joins it."""
+    def write():
+        with open(os.path.join(directory, "ckpt-%d.bin" % step), "wb") as f:
+            f.write(b"\0" * (1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+
+    writer = threading.Thread(target=write, name="ckpt-writer")
+    writer.start()
+    writer.join()
+
+
 def spin():
     x = 0
     while True:
@@ -335,7 +352,8 @@ def parse_args():
     p.add_argument("--step-time", type=float, default=0.01, help="seconds of computation per step")
     p.add_argument("--log", help="file to append a line to every step")
     p.add_argument("--behaviour", default="barrier",
-                   choices=["barrier", "sigstop", "spin", "lock", "exit", "mmap_stall"])
+                   choices=["barrier", "sigstop", "spin", "lock", "exit", "mmap_stall",
+                            "async_checkpoint"])
     p.add_argument("--after", type=int, default=0, help="steps before misbehaving (spin, lock, exit)")
     p.add_argument("--mmap-file", help="file to map (mmap_stall)")
     p.add_argument("--trigger-file", help="start the mmap stall when this file appears (mmap_stall)")
@@ -425,6 +443,8 @@ def main():
                 os._exit(3)
         if step == pause_step:
             time.sleep(pause_s)
+        if args.behaviour == "async_checkpoint" and step >= args.after:
+            save_in_thread(args.fs_dir, step)
         work(args.step_time)
         if log:
             write_log(log, rank, step)

@@ -7,9 +7,10 @@
 mod common;
 
 use std::path::Path;
+use std::time::Duration;
 
 use common::*;
-use hangwatch_testkit::{python, require, FuseMount, LoopExt4};
+use hangwatch_testkit::{python, require, wait_until, FuseMount, LoopExt4};
 
 fn assert_names(done: &Finished, call: &str, dir: &Path, mount: &Path, fstype: &str) {
     done.assert_code(75);
@@ -117,4 +118,72 @@ fn a_rank_blocked_in_a_page_fault_on_a_frozen_mapping_names_the_mapped_file_and_
         )),
         "{summary}"
     );
+}
+
+/// An async checkpoint writer: rank 0 saves in a thread named `ckpt-writer` that its main thread joins. On a frozen
+/// ext4 the writer sleeps in D while the main thread only waits: the culprit is rank 0, named with the writer's
+/// thread, its call, file and mount.
+#[test]
+fn an_async_checkpoint_thread_in_d_is_named_with_its_thread_name_while_its_main_thread_waits_for_it(
+) {
+    let py = require!(python());
+    let fs = require!(LoopExt4::new(64));
+    let dir = fs.path().join("ckpt");
+    std::fs::create_dir_all(&dir).expect("checkpoint directory");
+    let mut run = HangwatchRun::start(
+        &["--nproc", "3", "--stall-after", STALL_AFTER, "--quiet"],
+        &rank_job(
+            py,
+            &[
+                "--step-time",
+                "0.1",
+                "--behaviour",
+                "async_checkpoint",
+                "--after",
+                "2",
+                "--fs-dir",
+                &dir.to_string_lossy(),
+                "--only-rank",
+                "0",
+            ],
+        ),
+    );
+    let output = run.report_dir().join("output.log");
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || std::fs::read_to_string(
+            &output
+        )
+        .is_ok_and(|t| t.contains("step 3"))),
+        "rank 0 never saved 2 checkpoints:\n{}",
+        run.stderr_text()
+    );
+    run.track_descendants();
+    let frozen = fs.freeze().expect("freeze");
+    let done = run.finish(STALL + Duration::from_secs(30));
+    drop(frozen);
+    done.assert_code(75);
+    assert_eq!(
+        done.json["kind"],
+        "blocked_in_kernel",
+        "{}",
+        done.describe()
+    );
+    let c = done.culprit(0);
+    assert_eq!(c["thread_name"], "ckpt-writer", "{}", done.describe());
+    assert_eq!(c["state"], "D", "{}", done.describe());
+    assert!(
+        c["path"]
+            .as_str()
+            .is_some_and(|p| p.starts_with(&*dir.to_string_lossy())),
+        "{}",
+        done.describe()
+    );
+    assert_eq!(
+        c["mount"],
+        fs.path().to_string_lossy().as_ref(),
+        "{}",
+        done.describe()
+    );
+    let summary = done.json["summary"].as_str().unwrap_or_default();
+    assert!(summary.contains("thread ckpt-writer"), "{summary}");
 }
