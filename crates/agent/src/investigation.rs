@@ -28,8 +28,9 @@ pub(crate) const EVIDENCE_DEADLINE: Duration = Duration::from_secs(5);
 /// a rank's thread answers in milliseconds unless the rank holds the GIL, and then it never would.
 const COLLECTIVES_DEADLINE: Duration = Duration::from_secs(1);
 
-/// Collectives kept per process group and rank: the analysis needs the last few.
-const COLLECTIVES_KEPT: usize = 16;
+/// Collectives kept per process group and rank in the observations: the analysis needs the last few, and at the
+/// coordinator of a 10,000-rank job each one kept costs about 0.7 MB (crates/diagnosis/benches/collectives.rs).
+const COLLECTIVES_KEPT: usize = 8;
 
 /// How long recording a verdict in the node's history may take (typically 20-50 ms): it comes before the
 /// evidence and the alert, which say how often the cause was seen, so a locked database costs at most this. With a
