@@ -947,3 +947,30 @@ fn a_rank_blocked_in_the_kernel_stays_the_culprit_and_the_recorder_says_which_co
         v.summary
     );
 }
+
+/// Two nodes' observations, each with its ranks' records: the coordinator's decide analyses them together.
+#[test]
+fn the_recorders_of_every_node_are_analysed_together() {
+    let whole = with_recorders("missing", &[0, 1, 2]);
+    let mut n1 = whole.clone();
+    n1.ranks.truncate(2);
+    n1.collectives_asked = vec![0, 1];
+    n1.collectives.truncate(2);
+    let mut n2 = whole;
+    n2.node = Some("n2".into());
+    n2.ranks.drain(..2);
+    for p in &mut n2.ranks {
+        p.node = Some("n2".into());
+    }
+    n2.collectives_asked = vec![2];
+    n2.collectives.drain(..2);
+    let v = hangwatch_diagnosis::decide(&[n1, n2], &Default::default());
+    assert_eq!(v.kind, VerdictKind::Diverged, "{}", v.summary);
+    assert_eq!(v.culprits[0].rank, Some(2));
+    assert!(
+        v.summary
+            .starts_with("rank 2 never joined all_reduce #6 of process group 0"),
+        "{}",
+        v.summary
+    );
+}
