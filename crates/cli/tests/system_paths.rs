@@ -7,10 +7,9 @@
 mod common;
 
 use std::path::Path;
-use std::time::Duration;
 
 use common::*;
-use hangwatch_testkit::{python, require, wait_until, FuseMount, LoopExt4};
+use hangwatch_testkit::{python, require, FuseMount, LoopExt4};
 
 fn assert_names(done: &Finished, call: &str, dir: &Path, mount: &Path, fstype: &str) {
     done.assert_code(75);
@@ -130,37 +129,19 @@ fn an_async_checkpoint_thread_in_d_is_named_with_its_thread_name_while_its_main_
     let fs = require!(LoopExt4::new(64));
     let dir = fs.path().join("ckpt");
     std::fs::create_dir_all(&dir).expect("checkpoint directory");
-    let mut run = HangwatchRun::start(
-        &["--nproc", "3", "--stall-after", STALL_AFTER, "--quiet"],
-        &rank_job(
-            py,
-            &[
-                "--step-time",
-                "0.1",
-                "--behaviour",
-                "async_checkpoint",
-                "--after",
-                "2",
-                "--fs-dir",
-                &dir.to_string_lossy(),
-                "--only-rank",
-                "0",
-            ],
-        ),
+    let dir_s = dir.to_string_lossy().into_owned();
+    let done = rank_0_stopped_by(
+        py,
+        &[
+            "--behaviour",
+            "async_checkpoint",
+            "--after",
+            "2",
+            "--fs-dir",
+            &dir_s,
+        ],
+        || fs.freeze().expect("freeze"),
     );
-    let output = run.report_dir().join("output.log");
-    assert!(
-        wait_until(Duration::from_secs(30), POLL, || std::fs::read_to_string(
-            &output
-        )
-        .is_ok_and(|t| t.contains("step 3"))),
-        "rank 0 never saved 2 checkpoints:\n{}",
-        run.stderr_text()
-    );
-    run.track_descendants();
-    let frozen = fs.freeze().expect("freeze");
-    let done = run.finish(STALL + Duration::from_secs(30));
-    drop(frozen);
     done.assert_code(75);
     assert_eq!(
         done.json["kind"],

@@ -554,21 +554,21 @@ pub fn wait_for_log(run: &mut HangwatchRun, log: &Path, lines: usize) {
 /// returns a guard that makes it answer again. Returns the finished run.
 pub fn rank_0_blocked_in<G>(py: &Path, op: &str, dir: &Path, stop: impl FnOnce() -> G) -> Finished {
     let dir_s = dir.to_string_lossy().into_owned();
+    rank_0_stopped_by(py, &["--fs-op", op, "--fs-dir", &dir_s], stop)
+}
+
+/// Runs 2 ranks of tests/python/rank.py; `rank_0` are the arguments that only rank 0 follows (`--fs-op ...`,
+/// `--behaviour ...`); after 3 steps `stop` makes its filesystem stop answering and returns a guard that makes it
+/// answer again. Returns the finished run.
+pub fn rank_0_stopped_by<G>(py: &Path, rank_0: &[&str], stop: impl FnOnce() -> G) -> Finished {
+    let args: Vec<&str> = ["--step-time", "0.1"]
+        .into_iter()
+        .chain(rank_0.iter().copied())
+        .chain(["--only-rank", "0"])
+        .collect();
     let mut run = HangwatchRun::start(
         &["--nproc", "2", "--stall-after", STALL_AFTER, "--quiet"],
-        &rank_job(
-            py,
-            &[
-                "--step-time",
-                "0.1",
-                "--fs-op",
-                op,
-                "--fs-dir",
-                &dir_s,
-                "--only-rank",
-                "0",
-            ],
-        ),
+        &rank_job(py, &args),
     );
     // The job's output (quiet on the console) is in the report directory's log.
     let output = run.report_dir().join("output.log");
@@ -577,7 +577,7 @@ pub fn rank_0_blocked_in<G>(py: &Path, op: &str, dir: &Path, stop: impl FnOnce()
             &output
         )
         .is_ok_and(|t| t.contains("step 3"))),
-        "rank 0 never did 3 steps of {op}:\n{}",
+        "rank 0 never did 3 steps of {rank_0:?}:\n{}",
         run.stderr_text()
     );
     run.track_descendants();
