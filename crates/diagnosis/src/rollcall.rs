@@ -586,10 +586,28 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         });
     }
 
-    let culprits: Vec<Culprit> = culprit_idx
+    let mut culprits: Vec<Culprit> = culprit_idx
         .iter()
         .map(|&i| culprit(&all[i], &ctx, kind))
         .collect();
+    if kind_from_recorder {
+        // Named by the recorder, not by where it is: its place is its peers'.
+        for (c, &i) in culprits.iter_mut().zip(&culprit_idx) {
+            let said = collectives.as_ref().and_then(|a| {
+                a.findings
+                    .iter()
+                    .find(|f| c.at.rank.is_some_and(|r| f.culprits().contains(&r)))
+            });
+            if let Some(finding) = said {
+                c.reason = Some(format!(
+                    "in {} ({}), where its peers are too; the Flight Recorder: {}",
+                    c.at.where_,
+                    state_words(all[i].position.state),
+                    finding.sentence()
+                ));
+            }
+        }
+    }
     let mut group_list: Vec<(Group, &Vec<usize>)> = groups
         .iter()
         .map(|((where_, state), members)| {

@@ -908,6 +908,12 @@ fn a_collective_hang_whose_recorders_name_the_odd_rank_is_diverged_on_that_rank(
         v.summary
     );
     assert_eq!(v.collectives.as_ref().map(|c| c.findings.len()), Some(1));
+    let reason = v.culprits[0].reason.as_deref().unwrap_or_default();
+    assert!(
+        reason
+            .contains("where its peers are too; the Flight Recorder: rank 1 entered all_gather #6"),
+        "{reason}"
+    );
     // The verdict JSON carries the finding.
     let json = serde_json::to_value(&v).unwrap();
     assert_eq!(json["collectives"]["findings"][0]["kind"], "mismatch");
