@@ -54,12 +54,13 @@ def test_the_agent_asks_and_the_rank_answers_with_its_record(agent, monkeypatch)
     monkeypatch.setattr(_flight, "dump", lambda: b'{"pg_status":{}}')
     assert _client._connect_if_due()
     assert agent.recv().type == "hello"
-    server = threading.Thread(target=_flight.serve, daemon=True)
+    stop = threading.Event()
+    server = threading.Thread(target=_flight.serve, args=(stop,), daemon=True)
     server.start()
-    # The agent answers to the address the client's datagrams came from.
+    # The thread says it answers, from the address the agent is to answer to.
     agent.sock.settimeout(2.0)
-    _client.post(b"log", b"20\nready", "log")
-    _, client_address = agent.sock.recvfrom(70_000)
+    listen, client_address = agent.sock.recvfrom(70_000)
+    assert listen.split(b" ")[1] == b"listen" and listen.endswith(b" collectives"), listen
     assert client_address, "the client's socket has an address the agent can answer to"
     agent.sock.sendto(b"hw1 dump-collectives 7", client_address)
     answer = agent.recv(5.0)
@@ -71,6 +72,9 @@ def test_the_agent_asks_and_the_rank_answers_with_its_record(agent, monkeypatch)
     with pytest.raises(PermissionError):
         stranger.sendto(b"hw1 dump-collectives 8", client_address)
     stranger.close()
+    stop.set()
+    server.join(timeout=10)
+    assert not server.is_alive()
 
 
 def test_what_is_not_a_request_is_not_answered(agent):

@@ -1,8 +1,8 @@
 //! Asking the ranks for their Flight Recorder at a roll call: where each rank's client listens, the requests, and
 //! the answers that came back in time.
 //!
-//! A rank's client binds its socket to an abstract address and, once `torch.distributed` is initialized, says
-//! which rank it is (`hw1 rank ... torch`); its thread then waits for requests (python/src/hangwatch/_flight.py).
+//! A rank's client binds its socket to an abstract address; once `torch.distributed` is initialized its thread
+//! says `hw1 listen collectives` from it and waits for requests (python/src/hangwatch/_flight.py).
 //! The agent sends `hw1 dump-collectives <n>` from the heartbeat socket, the one address a client's connected
 //! socket takes datagrams from, and the heartbeat receiver files the answers here. A roll call asks, reads /proc
 //! meanwhile, then takes what arrived by its deadline: a rank holding the GIL or in D never answers, and is never

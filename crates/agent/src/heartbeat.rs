@@ -226,14 +226,9 @@ fn receive_loop(
             rank,
             local_rank,
             world_size,
-            ref via,
             ..
         } = message
         {
-            // A rank of torch.distributed: its client's thread now answers requests for the Flight Recorder.
-            if let (true, Some(address)) = (via == "torch", address) {
-                collectives.listening(sender, address);
-            }
             // The process says who it is: this is how a guess from the tree is corrected, so its number is not
             // checked against the one known so far.
             drops.observe(sender, header.seq);
@@ -304,6 +299,11 @@ fn receive_loop(
                         line.push('\n');
                     }
                     sink.push(line.into_bytes());
+                }
+            }
+            ClientMessage::Listen { what, .. } => {
+                if let (true, Some(address)) = (what == "collectives", address) {
+                    collectives.listening(sender, address);
                 }
             }
             ClientMessage::Collectives { request, json, .. } => {

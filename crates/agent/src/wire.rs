@@ -32,6 +32,12 @@ pub enum ClientMessage {
         /// Who told the client (`torch`, `lightning`); free text for the evidence.
         via: String,
     },
+    /// "I answer requests for `what` at the address this came from" (`collectives`: the rank's thread that
+    /// answers for its Flight Recorder is running; said again from each new socket).
+    Listen {
+        header: Header,
+        what: String,
+    },
     /// The answer to the agent's `hw1 dump-collectives <request>`: the rank's Flight Recorder, trimmed (JSON in the
     /// recorder's own format).
     Collectives {
@@ -57,6 +63,7 @@ impl ClientMessage {
             | ClientMessage::Phase { header, .. }
             | ClientMessage::Log { header, .. }
             | ClientMessage::Rank { header, .. }
+            | ClientMessage::Listen { header, .. }
             | ClientMessage::Collectives { header, .. } => *header,
         }
     }
@@ -152,6 +159,10 @@ pub fn parse_datagram(bytes: &[u8]) -> Result<ClientMessage, WireError> {
                 via: parts.next().unwrap_or("").to_string(),
             })
         }
+        "listen" => Ok(ClientMessage::Listen {
+            header,
+            what: rest.unwrap_or("").trim().to_string(),
+        }),
         "collectives" => Ok(ClientMessage::Collectives {
             header,
             request: number(rest.map(str::trim), "request")?,
@@ -290,5 +301,12 @@ mod tests {
             Err(WireError::Field("request"))
         );
         assert_eq!(collectives_request(17), b"hw1 dump-collectives 17");
+        assert_eq!(
+            parse_datagram(b"hw1 listen 3 4242 8 collectives").unwrap(),
+            ClientMessage::Listen {
+                header: h(Some(3), 4242, 8),
+                what: "collectives".into(),
+            }
+        );
     }
 }

@@ -411,8 +411,11 @@ def _open(address: Any) -> socket.socket:
     try:
         sock.setblocking(False)
         # An abstract address of the kernel's choosing, so that the agent can ask this process for its collectives
-        # (_flight.py); connected, the socket takes datagrams from the agent alone.
-        sock.bind("")
+        # (_flight.py); connected, the socket takes datagrams from the agent alone. Without it, only asking fails.
+        try:
+            sock.bind("")
+        except OSError:
+            pass
         sock.connect(address)
     except OSError:
         sock.close()

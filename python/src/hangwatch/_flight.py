@@ -2,8 +2,9 @@
 
 At a roll call the agent sends `hw1 dump-collectives <id>` to each rank's socket (the client binds it to an
 abstract address, and a connected datagram socket takes datagrams from the agent alone). The rank's watcher thread,
-which reported the rank once `torch.distributed` was initialized, then waits for those requests, blocked in
-`select` (no CPU). It dumps the recorder (`_dump_fr_trace_json`), keeps per process group its progress and its last
+which reported the rank once `torch.distributed` was initialized, says `hw1 listen collectives` from each socket it
+answers on (again after a reconnect: the address is the socket's), then waits for requests, blocked in `select`
+(no CPU). It dumps the recorder (`_dump_fr_trace_json`), keeps per process group its progress and its last
 `KEEP` collectives with the fields the analysis reads, and sends them as one `collectives` message. A rank that
 holds the GIL in a C call or sleeps in D never answers: the agent does not wait for it past its deadline.
 
@@ -17,6 +18,7 @@ import json
 import os
 import select
 import sys
+import threading
 from typing import Any, Dict, List, Optional
 
 from hangwatch import _client
@@ -90,16 +92,21 @@ def answer(request: bytes) -> bool:
     return True
 
 
-def serve() -> None:
+def serve(stop: Optional[threading.Event] = None) -> None:
     """Answer the agent's requests for as long as the process lives (the rank watcher's thread, after the rank was
-    reported). Never raises."""
-    while True:
+    reported), or until `stop` is set (tests). Never raises."""
+    announced = None
+    while stop is None or not stop.is_set():
         try:
             sock = _client._sock
             if sock is None:
                 _client._connect_if_due()
                 select.select([], [], [], POLL_S)
                 continue
+            if sock is not announced:
+                # The agent asks only the processes that said they answer, at the address they said it from.
+                _client.post(b"listen", b"collectives", "listen")
+                announced = sock
             readable, _, _ = select.select([sock], [], [], POLL_S)
             if not readable:
                 continue
