@@ -140,8 +140,28 @@ fn a_job_that_knows_nothing_of_hangwatch_is_ended_through_slurm_when_its_writer_
         "n1's service names rank 0, the write and the mount:\n{n1}"
     );
     assert!(
-        n1.contains(&format!("job {hung} cancelled through Slurm")),
-        "{n1}"
+        wait_until(Duration::from_secs(30), POLL, || service_log(out, "n1")
+            .contains(&format!("job {hung} cancelled through Slurm"))),
+        "{}",
+        service_log(out, "n1")
+    );
+    // Rank 0 stays in D after SIGKILL: n1 is drained, with why, so that no job lands on it.
+    let node = || {
+        cluster
+            .command("scontrol")
+            .args(["show", "node", "n1", "-o"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || {
+            let n = node();
+            n.contains("DRAIN") && n.contains("Reason=hangwatch: rank 0 unkillable")
+        }),
+        "n1 is drained with the reason: {}\nn1's service:\n{}",
+        node(),
+        service_log(out, "n1")
     );
     drop(frozen);
     // The job beside it was watched and left alone.

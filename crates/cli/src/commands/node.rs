@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use hangwatch_agent::human::say;
 use hangwatch_inspect::pystack::StackReadOptions;
 use hangwatch_model::exit::EXIT_HUNG;
+use hangwatch_model::Verdict;
 use hangwatch_proc::ProcFs;
 use hangwatch_slurm::steps::{StepFinder, StepOnNode};
 
@@ -391,7 +392,8 @@ fn reap(watchers: &mut BTreeMap<StepKey, Watcher>) {
             continue;
         };
         let code = watcher.child.wait().ok().and_then(|s| s.code());
-        let summary = summary_of(&watcher.stdout);
+        let verdict = verdict_of(&watcher.stdout);
+        let summary = verdict.as_ref().map(|v| v.summary.clone());
         let name = watcher.step.name();
         if let Some(uid) = watcher.step.uid {
             give_to(&watcher.report_dir, uid);
@@ -402,7 +404,24 @@ fn reap(watchers: &mut BTreeMap<StepKey, Watcher>) {
                 summary.as_deref().unwrap_or("(no verdict)")
             ));
             if watcher.action == NodeAction::Abort {
-                end_job_through_slurm(&watcher.step.job_id, summary.as_deref());
+                let job_id = watcher.step.job_id.clone();
+                let unkillable = verdict.as_ref().map(unkillable_ranks).unwrap_or_default();
+                let node = watcher.step.node.clone();
+                // Slurm's commands each wait up to their deadline: in a worker, never in the loop.
+                let acted = std::thread::Builder::new()
+                    .name("hw-node-act".into())
+                    .spawn(move || {
+                        end_job_through_slurm(&job_id, summary.as_deref());
+                        if !unkillable.is_empty() {
+                            drain_node(node.as_deref(), &unkillable, summary.as_deref());
+                        }
+                    });
+                if let Err(e) = acted {
+                    say(format!(
+                        "hangwatch node: error: cannot end job {}: {e}",
+                        watcher.step.job_id
+                    ));
+                }
             }
         } else {
             // A line per step in the service's journal: a watcher that ended early says so here.
@@ -414,11 +433,58 @@ fn reap(watchers: &mut BTreeMap<StepKey, Watcher>) {
     }
 }
 
-/// The watcher's one-line verdict (`summary` of its JSON), when it printed one.
-fn summary_of(stdout: &Mutex<Vec<u8>>) -> Option<String> {
+/// The watcher's verdict (its `--json` output), when it printed one.
+fn verdict_of(stdout: &Mutex<Vec<u8>>) -> Option<Verdict> {
     let bytes = stdout.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let doc: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    doc.get("summary")?.as_str().map(str::to_string)
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The ranks the watcher could not kill (still in D after SIGKILL), from its verdict's actions.
+fn unkillable_ranks(verdict: &Verdict) -> Vec<u32> {
+    verdict
+        .actions
+        .iter()
+        .filter(|a| a.action == "unkillable")
+        .flat_map(|a| a.ranks.iter().copied())
+        .collect()
+}
+
+/// The reason a drained node carries: who could not be killed and why, short enough for `sinfo -R`.
+fn drain_reason(ranks: &[u32], summary: Option<&str>) -> String {
+    let reason = format!(
+        "hangwatch: {} unkillable after the job was ended; {}",
+        hangwatch_model::ranks_words(ranks),
+        summary.unwrap_or("see the job's AdminComment")
+    );
+    reason
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(250)
+        .collect()
+}
+
+/// A rank that no signal ends holds its node (its memory, its GPUs, the mount): the node is drained, with why,
+/// so that no new job lands on it until an admin has looked (`scontrol update State=RESUME` after a reboot).
+fn drain_node(node: Option<&str>, ranks: &[u32], summary: Option<&str>) {
+    let Some(node) = node else {
+        say(format!(
+            "hangwatch node: warning: {} could not be killed, but the step's node name is unknown: not drained",
+            hangwatch_model::ranks_words(ranks)
+        ));
+        return;
+    };
+    let mut drain = hangwatch_child::external_command("scontrol");
+    drain
+        .arg("update")
+        .arg(format!("NodeName={node}"))
+        .arg("State=DRAIN")
+        .arg(format!("Reason={}", drain_reason(ranks, summary)));
+    if run_slurm(drain, "scontrol update State=DRAIN") {
+        say(format!(
+            "hangwatch node: node {node} drained: {} could not be killed",
+            hangwatch_model::ranks_words(ranks)
+        ));
+    }
 }
 
 /// Hands the step's evidence to the job's owner (a node-local directory hangwatch made: no filesystem to wait on).
@@ -529,6 +595,33 @@ mod tests {
             when_to_watch(&step(vec![11], None), t0, t0),
             WhenToWatch::Now
         );
+    }
+
+    #[test]
+    fn the_ranks_that_stayed_unkillable_drain_the_node_with_why() {
+        let mut verdict = Verdict::unknown("rank 0 is in D in write() on /gpfs/x");
+        verdict.actions = vec![
+            hangwatch_model::ActionRecord {
+                action: "terminate".into(),
+                ranks: vec![0, 1],
+                ok: true,
+                detail: None,
+                outcomes: Vec::new(),
+            },
+            hangwatch_model::ActionRecord {
+                action: "unkillable".into(),
+                ranks: vec![0],
+                ok: false,
+                detail: None,
+                outcomes: Vec::new(),
+            },
+        ];
+        assert_eq!(unkillable_ranks(&verdict), [0]);
+        assert_eq!(
+            drain_reason(&[0], Some("rank 0 is in D\nin write()")),
+            "hangwatch: rank 0 unkillable after the job was ended; rank 0 is in Din write()"
+        );
+        assert!(drain_reason(&[0], Some(&"x".repeat(1000))).chars().count() <= 250);
     }
 
     #[test]
