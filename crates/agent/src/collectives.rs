@@ -5,8 +5,8 @@
 //! says `hw1 listen collectives` from it and waits for requests (python/src/hangwatch/_flight.py).
 //! The agent sends `hw1 dump-collectives <n>` from the heartbeat socket, the one address a client's connected
 //! socket takes datagrams from, and the heartbeat receiver files the answers here. A roll call asks, reads /proc
-//! meanwhile, then takes what arrived by its deadline: a rank holding the GIL or in D never answers, and is never
-//! waited for past it.
+//! meanwhile, then takes what arrived by its deadline: a rank whose main thread holds the GIL never answers, and is
+//! never waited for past it.
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;

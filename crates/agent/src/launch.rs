@@ -89,7 +89,7 @@ pub fn rank_env(
 }
 
 /// The variable that sizes PyTorch's Flight Recorder, and the size `run` gives it where the job did not: the last
-/// 256 collectives of each rank. The analysis reads the last 16 of each group; a rank dumps and trims 256 entries in
+/// 256 collectives of each rank. The analysis reads the last few of each group; a rank dumps and trims 256 entries in
 /// about 3 ms at a roll call, 2,000 in about 25 ms (docs/inside-evidence.md).
 pub const FLIGHT_RECORDER_BUFFER: &str = "TORCH_FR_BUFFER_SIZE";
 const FLIGHT_RECORDER_ENTRIES: &str = "256";

@@ -515,7 +515,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             .filter(|&i| entries[i].process.rank.is_some_and(|r| named.contains(&r)))
             .collect()
     });
-    let kind_from_recorder = matches!(kind, None | Some(VerdictKind::CollectiveHang))
+    let mut kind_from_recorder = matches!(kind, None | Some(VerdictKind::CollectiveHang))
         && !recorder_culprits.is_empty()
         && recorder_culprits.len() < entries.len();
     if kind_from_recorder {
@@ -530,6 +530,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
     if !stuck_workers.is_empty() && kind != Some(VerdictKind::BlockedInKernel) {
         kind = Some(VerdictKind::BlockedInKernel);
         culprit_idx.clear();
+        kind_from_recorder = false;
     }
     // No rank that was seen stands out, and some node was not seen: that node is the finding.
     if matches!(kind, None | Some(VerdictKind::CollectiveHang)) && !nodes_not_seen.is_empty() {
@@ -1170,8 +1171,6 @@ pub fn ranks_unknown<'a>(
     })
 }
 
-/// `entries`: the ranks (the first `n_ranks`), then the workers; `culprits` index it. `groups` carry the indices
-/// of their ranks.
 /// The missing-rank analysis over every node's Flight Recorder records, when any rank was asked for one.
 fn collective_analysis(nodes: &[NodeObservations]) -> Option<CollectiveAnalysis> {
     let asked: Vec<u32> = nodes
@@ -1220,6 +1219,8 @@ fn recorder_warnings(
     warnings
 }
 
+/// `entries`: the ranks (the first `n_ranks`), then the workers; `culprits` index it. `groups` carry the indices
+/// of their ranks.
 #[allow(clippy::too_many_arguments)]
 fn summarize(
     kind: VerdictKind,

@@ -9,7 +9,8 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hangwatch_agent::human::say;
@@ -103,8 +104,8 @@ struct Watcher {
     child: Child,
     step: StepOnNode,
     report_dir: PathBuf,
-    /// The watcher's stdout: its verdict or summary, one JSON document.
-    stdout: Arc<Mutex<Vec<u8>>>,
+    /// The watcher's stdout once it closed: its verdict, one JSON document.
+    stdout: Receiver<Vec<u8>>,
     action: NodeAction,
 }
 
@@ -172,7 +173,8 @@ pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
                 WhenToWatch::Now => {}
                 WhenToWatch::NowWithoutSome => {
                     say(format!(
-                    "hangwatch node: warning: step {} started {} of its {} tasks here within {}: watching those",
+                        "hangwatch node: warning: step {} started {} of its {} tasks here within {}: \
+                         watching those",
                     step.name(),
                     step.tasks.len(),
                     step.tasks_expected.unwrap_or_default(),
@@ -358,15 +360,14 @@ fn start_watcher(
                 }
             })?;
     }
-    let stdout = Arc::new(Mutex::new(Vec::new()));
+    let (into, stdout) = std::sync::mpsc::channel();
     if let Some(mut pipe) = child.stdout.take() {
-        let into = Arc::clone(&stdout);
         std::thread::Builder::new()
             .name("hw-node-out".into())
             .spawn(move || {
                 let mut buf = Vec::new();
                 let _ = std::io::Read::read_to_end(&mut pipe, &mut buf);
-                *into.lock().unwrap_or_else(|e| e.into_inner()) = buf;
+                let _ = into.send(buf);
             })?;
     }
     Ok(Watcher {
@@ -392,36 +393,20 @@ fn reap(watchers: &mut BTreeMap<StepKey, Watcher>) {
             continue;
         };
         let code = watcher.child.wait().ok().and_then(|s| s.code());
-        let verdict = verdict_of(&watcher.stdout);
-        let summary = verdict.as_ref().map(|v| v.summary.clone());
         let name = watcher.step.name();
         if let Some(uid) = watcher.step.uid {
             give_to(&watcher.report_dir, uid);
         }
         if code == Some(EXIT_HUNG) {
-            say(format!(
-                "hangwatch node: step {name} hung: {}",
-                summary.as_deref().unwrap_or("(no verdict)")
-            ));
-            if watcher.action == NodeAction::Abort {
-                let job_id = watcher.step.job_id.clone();
-                let unkillable = verdict.as_ref().map(unkillable_ranks).unwrap_or_default();
-                let node = watcher.step.node.clone();
-                // Slurm's commands each wait up to their deadline: in a worker, never in the loop.
-                let acted = std::thread::Builder::new()
-                    .name("hw-node-act".into())
-                    .spawn(move || {
-                        end_job_through_slurm(&job_id, summary.as_deref());
-                        if !unkillable.is_empty() {
-                            drain_node(node.as_deref(), &unkillable, summary.as_deref());
-                        }
-                    });
-                if let Err(e) = acted {
-                    say(format!(
-                        "hangwatch node: error: cannot end job {}: {e}",
-                        watcher.step.job_id
-                    ));
-                }
+            let job_id = watcher.step.job_id.clone();
+            // Its verdict, then Slurm's commands, each under a deadline: in a worker, never in the loop.
+            let acted = std::thread::Builder::new()
+                .name("hw-node-act".into())
+                .spawn(move || after_hang(&name, watcher));
+            if let Err(e) = acted {
+                say(format!(
+                    "hangwatch node: error: cannot act on the hang of job {job_id}: {e}"
+                ));
             }
         } else {
             // A line per step in the service's journal: a watcher that ended early says so here.
@@ -433,10 +418,31 @@ fn reap(watchers: &mut BTreeMap<StepKey, Watcher>) {
     }
 }
 
-/// The watcher's verdict (its `--json` output), when it printed one.
-fn verdict_of(stdout: &Mutex<Vec<u8>>) -> Option<Verdict> {
-    let bytes = stdout.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    serde_json::from_slice(&bytes).ok()
+/// How long the watcher's verdict may take to arrive once it exited: its stdout closes with it, unless a child it
+/// left behind (stuck in D) still holds the pipe; then the hang is acted on without the verdict's words.
+const VERDICT_WAIT: Duration = Duration::from_secs(2);
+
+/// A watcher that ended a hung step: says its verdict, and under abort ends the job through Slurm and drains the
+/// node when a rank could not be killed.
+fn after_hang(name: &str, watcher: Watcher) {
+    let verdict: Option<Verdict> = watcher
+        .stdout
+        .recv_timeout(VERDICT_WAIT)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+    let summary = verdict.as_ref().map(|v| v.summary.as_str());
+    say(format!(
+        "hangwatch node: step {name} hung: {}",
+        summary.unwrap_or("(no verdict)")
+    ));
+    if watcher.action != NodeAction::Abort {
+        return;
+    }
+    end_job_through_slurm(&watcher.step.job_id, summary);
+    let unkillable = verdict.as_ref().map(unkillable_ranks).unwrap_or_default();
+    if !unkillable.is_empty() {
+        drain_node(watcher.step.node.as_deref(), &unkillable, summary);
+    }
 }
 
 /// The ranks the watcher could not kill (still in D after SIGKILL), from its verdict's actions.
