@@ -35,7 +35,7 @@ fn functions(outcome: &StackReadOutcome, pid: i32) -> Vec<String> {
         .unwrap_or_else(|| panic!("no stack for {pid}: {:?}", report.errors));
     let mut names: Vec<String> = threads
         .iter()
-        .flat_map(|t| t.frames.iter().map(|f| f.function.clone()))
+        .flat_map(|t| t.frames.iter().map(|f| f.function.to_string()))
         .collect();
     names.sort();
     names.dedup();

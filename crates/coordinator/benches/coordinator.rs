@@ -4,7 +4,8 @@
 //! verdict, the coordinator's CPU at 1 Hz progress and its memory, and the bytes per report.
 //!
 //! The coordinator runs in a child process (this binary again) so that its CPU and memory are its own, not the
-//! fake agents'. Run with `cargo bench -p hangwatch-coordinator --bench coordinator`.
+//! fake agents'. Run with `cargo bench -p hangwatch-coordinator --bench coordinator`; `HANGWATCH_BENCH_NODES=1250`
+//! runs one size, `HANGWATCH_BENCH_WRAP=heaptrack` runs the coordinator under a memory profiler.
 
 // Shared with the component tests, which use more of it than the benchmark does.
 #[allow(dead_code)]
@@ -44,7 +45,12 @@ fn main() {
         return;
     }
     println!("coordinator with fake agents on loopback, {RANKS_PER_NODE} ranks/node, {THREADS_PER_RANK} threads/rank, progress at 1 Hz");
-    for nodes in [128u32, 1250] {
+    // HANGWATCH_BENCH_NODES=1250 runs one size only (e.g. under a memory profiler).
+    let sizes: Vec<u32> = match std::env::var("HANGWATCH_BENCH_NODES") {
+        Ok(n) => vec![n.parse().expect("HANGWATCH_BENCH_NODES: a node count")],
+        Err(_) => vec![128, 1250],
+    };
+    for nodes in sizes {
         agents(nodes);
     }
 }
@@ -65,7 +71,7 @@ fn observations(node_rank: u32) -> NodeObservations {
         if let Some(py) = r.python.as_mut() {
             for depth in py[0].frames.len()..FRAMES {
                 py[0].frames.push(PythonFrame {
-                    function: format!("forward_{depth}"),
+                    function: format!("forward_{depth}").into(),
                     filename: "/opt/venv/lib/python3.11/site-packages/transformers/models/llama/modeling_llama.py".into(),
                     line: 100,
                 });
@@ -168,15 +174,29 @@ impl Drop for Kill {
 /// The parent: starts the coordinator child, then `nodes` fake agents, and relays what the child measured.
 fn agents(nodes: u32) {
     let exe = std::env::current_exe().expect("exe");
+    // HANGWATCH_BENCH_WRAP=heaptrack runs the coordinator under that program.
+    let mut command = match std::env::var("HANGWATCH_BENCH_WRAP") {
+        Ok(wrap) => {
+            let mut c = Command::new(wrap);
+            c.arg(exe);
+            c
+        }
+        Err(_) => Command::new(exe),
+    };
     let mut child = Kill(
-        Command::new(exe)
+        command
             .env(ROLE, nodes.to_string())
             .stdout(Stdio::piped())
             .spawn()
             .expect("coordinator child"),
     );
     let mut lines = BufReader::new(child.0.stdout.take().expect("stdout")).lines();
-    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    // A wrapper may print lines of its own first.
+    let first = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("LISTEN "))
+        .unwrap_or_default();
     let addr = first
         .strip_prefix("LISTEN ")
         .expect("the child says where it listens")

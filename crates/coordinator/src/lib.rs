@@ -9,6 +9,8 @@ pub mod requests;
 mod service;
 
 use std::collections::{BTreeMap, HashMap};
+
+use prost::bytes::Bytes;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -395,12 +397,18 @@ impl Coordinator {
             .map(|(node, a)| (node.clone(), a.orders.clone()))
             .collect();
         let shell = verdict.map(Verdict::without_ranks);
+        // Nodes that get the same rows get the same bytes, encoded once: at 1,250 nodes most get only the
+        // culprits' rows, and a copy per node was over 80 MB.
+        let mut encoded: HashMap<Vec<usize>, Bytes> = HashMap::new();
         attached
             .into_iter()
             .filter(|(node, orders)| {
                 let verdict_json = match (verdict, &shell) {
-                    (Some(full), Some(shell)) => encode_for_node(full, shell, node),
-                    _ => Vec::new(),
+                    (Some(full), Some(shell)) => encoded
+                        .entry(rows_for_node(full, node))
+                        .or_insert_with_key(|rows| encode_for_node(full, shell, rows))
+                        .clone(),
+                    _ => Bytes::new(),
                 };
                 let order = pb::Order {
                     order_id: self.next_id(),
@@ -426,11 +434,15 @@ impl Coordinator {
 /// ranks and the culprits'. The whole table of a 10,000-rank job is over 100 MiB; the coordinator keeps it.
 pub fn verdict_for_node(full: &Verdict, node: &str) -> Verdict {
     let mut v = full.without_ranks();
-    v.ranks = rows_for_node(full, node);
+    v.ranks = rows_for_node(full, node)
+        .into_iter()
+        .map(|i| full.ranks[i].clone())
+        .collect();
     v
 }
 
-fn rows_for_node(full: &Verdict, node: &str) -> Vec<hangwatch_model::RankReport> {
+/// Which rows of the roll-call table node `node` keeps: its own ranks' and the culprits', by index.
+fn rows_for_node(full: &Verdict, node: &str) -> Vec<usize> {
     let culprit = |r: &hangwatch_model::RankReport| {
         full.culprits
             .iter()
@@ -438,26 +450,27 @@ fn rows_for_node(full: &Verdict, node: &str) -> Vec<hangwatch_model::RankReport>
     };
     full.ranks
         .iter()
-        .filter(|r| r.at.node.as_deref() == Some(node) || culprit(r))
-        .cloned()
+        .enumerate()
+        .filter(|(_, r)| r.at.node.as_deref() == Some(node) || culprit(r))
+        .map(|(i, _)| i)
         .collect()
 }
 
-/// [`verdict_for_node`] as the terminate order carries it, kept well inside the message limit: a table still too
-/// large (thousands of ranks on one node) is left out, and the verdict says so.
-fn encode_for_node(full: &Verdict, shell: &Verdict, node: &str) -> Vec<u8> {
+/// [`verdict_for_node`] as the terminate order carries it (`rows` from [`rows_for_node`]), kept well inside the
+/// message limit: a table still too large (thousands of ranks on one node) is left out, and the verdict says so.
+fn encode_for_node(full: &Verdict, shell: &Verdict, rows: &[usize]) -> Bytes {
     let mut v = shell.clone();
-    v.ranks = rows_for_node(full, node);
+    v.ranks = rows.iter().map(|&i| full.ranks[i].clone()).collect();
     let bytes = serde_json::to_vec(&v).unwrap_or_default();
     if bytes.len() <= hangwatch_rpc::MAX_MESSAGE_BYTES / 2 {
-        return bytes;
+        return bytes.into();
     }
     v.ranks.clear();
     v.warnings.push(format!(
         "this node's rows of the roll-call table were left out ({} bytes); the coordinator's verdict has them",
         bytes.len()
     ));
-    serde_json::to_vec(&v).unwrap_or_default()
+    serde_json::to_vec(&v).unwrap_or_default().into()
 }
 
 /// What a node that left stands for in a roll call: its ranks, exited as its agent said.
@@ -789,7 +802,8 @@ mod tests {
 
         let shell = full.without_ranks();
         let decoded: Verdict =
-            serde_json::from_slice(&encode_for_node(&full, &shell, "n3")).expect("JSON");
+            serde_json::from_slice(&encode_for_node(&full, &shell, &rows_for_node(&full, "n3")))
+                .expect("JSON");
         assert_eq!(rows(&decoded), vec![0, 4]);
     }
 }

@@ -79,7 +79,7 @@ fn python_stack(innermost: &str) -> Option<Vec<PythonThread>> {
     }];
     for depth in 0..24 {
         frames.push(PythonFrame {
-            function: format!("forward_{depth}"),
+            function: format!("forward_{depth}").into(),
             filename:
                 "/opt/venv/lib/python3.11/site-packages/transformers/models/llama/modeling_llama.py"
                     .into(),

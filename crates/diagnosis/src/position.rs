@@ -169,7 +169,7 @@ fn main_python_thread(threads: &[PythonThread]) -> Option<&PythonThread> {
 
 /// Is this frame from the Python standard library (not a package, not the user's code)?
 fn is_stdlib(frame: &PythonFrame) -> bool {
-    let f = frame.filename.as_str();
+    let f: &str = &frame.filename;
     if f.starts_with("<frozen") {
         return true;
     }

@@ -715,8 +715,8 @@ fn stack_traces(spy: &mut py_spy::PythonSpy) -> Result<Vec<PythonThread>, String
                 .frames
                 .into_iter()
                 .map(|f| PythonFrame {
-                    function: f.name,
-                    filename: f.filename,
+                    function: hangwatch_model::intern(&f.name),
+                    filename: hangwatch_model::intern(&f.filename),
                     line: f.line,
                 })
                 .collect(),

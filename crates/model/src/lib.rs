@@ -9,6 +9,7 @@ mod collectives;
 mod death;
 mod errors;
 pub mod exit;
+mod interned;
 pub mod kernel_log;
 mod node;
 mod observation;
@@ -29,6 +30,7 @@ pub use collectives::{
 };
 pub use death::RankDeath;
 pub use errors::error_chain;
+pub use interned::intern;
 pub use node::*;
 pub use observation::*;
 pub use rank_ranges::{rank_ranges, ranks_words};

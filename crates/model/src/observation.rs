@@ -1,5 +1,7 @@
 //! Observations of rank processes: what the inspector read from /proc, py-spy and probes, before any decision.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 /// Everything read about one rank process during one roll call.
@@ -358,8 +360,11 @@ pub struct PythonThread {
 /// One Python frame.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PythonFrame {
-    pub function: String,
-    pub filename: String,
+    /// Shared with equal texts (`crate::interned`): every rank runs the same code.
+    #[serde(deserialize_with = "crate::interned::deserialize")]
+    pub function: Arc<str>,
+    #[serde(deserialize_with = "crate::interned::deserialize")]
+    pub filename: Arc<str>,
     pub line: i32,
 }
 
