@@ -1,4 +1,4 @@
-//! Draining the ranks' stdout and stderr, all from one thread: every line is read within [`LINGER`] (so a rank
+//! Draining the ranks' stdout and stderr, all from one thread: every line is read within `LINGER` (so a rank
 //! does not block on a full pipe), kept in a per-rank tail for the evidence, handed to the log sink, mirrored to
 //! the console without blocking, and recorded as progress on the [`ProgressBoard`]. A carriage return counts as
 //! progress too (a tqdm bar redraws itself with `\r` and may print no `\n` for minutes); lines are still split on

@@ -1,5 +1,8 @@
 //! The `hangwatch` binary: parses the command line and hands each subcommand to its module.
 
+// The doc comments of the command-line structs are the terminal's `--help` text (`<pid>`, `<uid>`), not HTML.
+#![allow(rustdoc::invalid_html_tags)]
+
 mod alerts;
 mod commands;
 mod config;

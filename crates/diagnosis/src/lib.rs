@@ -6,7 +6,7 @@
 //! - [`death`]: why a rank died (signal, OOM kill, core dump, exception), from the facts gathered at its death.
 //! - [`acting`]: when a verdict is strong enough to act on.
 //! - [`answer`]: what a node's roll-call answer to the coordinator carries (idle threads folded).
-//! - [`activity`]: whether a job without progress still works, and how long that holds the hard tier back.
+//! - [`activity`](mod@activity): whether a job without progress still works, and how long that holds the hard tier back.
 //! - [`collectives`]: who did not join which collective, from every rank's Flight Recorder record.
 //! - [`faults`]: a rank blocked in a page fault: the memory-mapped file it reads, or the candidates.
 //! - [`fs_stall`]: the fast path for a rank stuck on a filesystem (or stopped) while the job stalls.

@@ -504,7 +504,7 @@ pub fn child_main(pids: &[i32], stacks: bool, out: &mut impl Write) -> std::io::
     Ok(())
 }
 
-/// The serving child's side (`__inspect-child --serve`): takes [`ServeRequest`] lines from `input` until it
+/// The serving child's side (`__inspect-child --serve`): takes `ServeRequest` lines from `input` until it
 /// closes. `prepare` finds each rank's interpreter and parses its symbols once, while the job is healthy (the
 /// slow part of a stack read: ~7 ms a process); a `read` then costs only the reads of the stacks themselves.
 pub fn serve_main(input: impl std::io::BufRead, out: &mut impl Write) -> std::io::Result<()> {

@@ -7,7 +7,7 @@
 
 use prometheus_client::registry::Registry;
 
-/// The `Content-Type` of [`encode`]'s text.
+/// The `Content-Type` of `encode`'s text.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// `registry` in the Prometheus text format.

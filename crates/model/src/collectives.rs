@@ -154,7 +154,7 @@ impl CollectiveFinding {
         }
     }
 
-    /// One sentence: "rank 3 never joined all_reduce #1234 of process group 0 ([20000] float32); ranks 0-2, 4-7
+    /// One sentence: "rank 3 never joined all_reduce #1234 of process group 0 (`[20000]` float32); ranks 0-2, 4-7
     /// wait in it".
     pub fn sentence(&self) -> String {
         match self {

@@ -26,7 +26,7 @@ impl fmt::Display for Esc<'_> {
     }
 }
 
-/// `text` escaped (see [`Esc`]).
+/// `text` escaped (see `Esc`).
 pub fn escape(text: &str) -> String {
     Esc(text).to_string()
 }

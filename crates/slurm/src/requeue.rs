@@ -355,7 +355,7 @@ fn attempt_env(record: &AttemptRecord) -> [(String, String); 3] {
 }
 
 /// What this attempt's ranks get besides the job's own environment: `HANGWATCH_ATTEMPT` on a first attempt (or
-/// one Slurm requeued by itself); a next attempt hangwatch submitted has all of [`attempt_env`] already.
+/// one Slurm requeued by itself); a next attempt hangwatch submitted has all of `attempt_env` already.
 pub fn restart_env(job: &SlurmJob, get: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
     if get(ENV_ATTEMPT).is_some() {
         return Vec::new();
