@@ -805,6 +805,147 @@ pub(crate) fn unix_time_of(at: Instant) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::process::Command;
+    use std::sync::mpsc::sync_channel;
+
+    use hangwatch_diagnosis::DetectorConfig;
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+
+    /// Children this test started, killed and reaped however it ends (by pid: only ours).
+    struct Children(Vec<i32>);
+    impl Drop for Children {
+        fn drop(&mut self) {
+            for &pid in &self.0 {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+    }
+
+    /// `sh -c script` as rank `rank`, waited for in the background as `run` does for the ranks it starts.
+    fn start(script: &str, rank: u32, children: &mut Children) -> JobProc {
+        let child = Command::new("sh").args(["-c", script]).spawn().expect("sh");
+        let pid = child.id() as i32;
+        children.0.push(pid);
+        JobProc {
+            pid,
+            pgid: pid,
+            start: ProcFs::new("/proc").stat(pid).ok().map(|s| s.starttime),
+            waited: Some(wait_in_background(child)),
+            rank: Some(rank),
+            rank_source: Some(RankSource::EnvRank),
+            exit: None,
+            exited_at: None,
+            discovered: false,
+            identity: crate::death::RankIdentity::default(),
+        }
+    }
+
+    fn sampler(procs: Vec<JobProc>) -> Sampler {
+        let (events, _) = sync_channel(16);
+        Sampler::new(SamplerParts {
+            procs,
+            tree_mode: false,
+            attached: false,
+            prober: None,
+            members: Arc::new(JobMembers::new()),
+            events,
+            reaper: None,
+            stack_readers: None,
+            node_rank: None,
+        })
+    }
+
+    /// Ticks until `done` holds of the snapshot (each tick a real second later on the detector's clock), at most
+    /// 20 times.
+    fn tick_until(
+        sampler: &mut Sampler,
+        detector: &mut Detector,
+        fs_stall: Duration,
+        mut done: impl FnMut(&Snapshot, &Detector) -> bool,
+    ) -> Snapshot {
+        let begun = Instant::now();
+        for _ in 0..20 {
+            let snapshot = sampler.tick(detector, begun.elapsed(), fs_stall);
+            if done(&snapshot, detector) {
+                return snapshot;
+            }
+            std::thread::sleep(Duration::from_millis(1_050));
+        }
+        panic!("the condition never held in 20 ticks");
+    }
+
+    fn progressed(detector: &Detector, rank: u32) -> bool {
+        detector
+            .rank_progress()
+            .any(|(r, at)| r == Some(rank) && at > Duration::ZERO)
+    }
+
+    #[test]
+    fn a_rank_that_uses_cpu_makes_progress_and_a_sleeping_one_does_not() {
+        let mut children = Children(Vec::new());
+        let busy = start("while :; do :; done", 0, &mut children);
+        let idle = start("exec sleep 60", 1, &mut children);
+        let mut sampler = sampler(vec![busy, idle]);
+        let mut detector = Detector::new(DetectorConfig::default(), Duration::ZERO);
+        let snapshot = tick_until(&mut sampler, &mut detector, Duration::ZERO, |_, d| {
+            progressed(d, 0)
+        });
+        assert!(snapshot.job_alive);
+        assert!(!progressed(&detector, 1), "a sleeping rank shows no CPU");
+        assert_eq!(detector.source(), Some(ProgressSource::Activity));
+    }
+
+    #[test]
+    fn a_stopped_rank_is_the_fast_paths_stuck_rank_once_the_job_stalls() {
+        let mut children = Children(Vec::new());
+        let stopped = start("exec sleep 60", 3, &mut children);
+        let pid = stopped.pid;
+        kill(Pid::from_raw(pid), Signal::SIGSTOP).expect("SIGSTOP");
+        let mut sampler = sampler(vec![stopped]);
+        let mut detector = Detector::new(DetectorConfig::default(), Duration::ZERO);
+        let snapshot = tick_until(
+            &mut sampler,
+            &mut detector,
+            Duration::from_secs(15),
+            |s, _| s.fs_stuck.is_some(),
+        );
+        let stuck = snapshot.fs_stuck.expect("stuck");
+        assert_eq!(
+            (stuck.pid, stuck.rank, stuck.blocked),
+            (pid, Some(3), Blocked::Stopped)
+        );
+        assert!(
+            !sampler.earlier().is_empty(),
+            "the counters read while the job stalled are kept for the roll call"
+        );
+    }
+
+    #[test]
+    fn a_failed_rank_is_timed_from_its_exit_and_the_job_lives_until_its_last_rank_ends() {
+        let mut children = Children(Vec::new());
+        let short = start("exit 3", 0, &mut children);
+        let long = start("exec sleep 60", 1, &mut children);
+        let long_pid = long.pid;
+        let mut sampler = sampler(vec![short, long]);
+        let mut detector = Detector::new(DetectorConfig::default(), Duration::ZERO);
+        let snapshot = tick_until(&mut sampler, &mut detector, Duration::ZERO, |s, _| {
+            s.failed_rank_for.is_some()
+        });
+        assert!(snapshot.job_alive, "rank 1 still runs");
+        let exited: Vec<_> = sampler
+            .procs()
+            .iter()
+            .filter(|p| p.exit.is_some())
+            .map(|p| (p.rank, p.exit.and_then(|s| s.code())))
+            .collect();
+        assert_eq!(exited, vec![(Some(0), Some(3))]);
+        kill(Pid::from_raw(long_pid), Signal::SIGKILL).expect("kill");
+        let snapshot = tick_until(&mut sampler, &mut detector, Duration::ZERO, |s, _| {
+            !s.job_alive
+        });
+        assert!(snapshot.failed_rank_for.is_some());
+    }
 
     #[test]
     fn a_watched_job_signals_only_groups_its_own_processes_lead() {
