@@ -4,8 +4,10 @@ lock after --deadlock-after steps (its peers then wait in the next all_reduce); 
 issues its gradients' collective asynchronously and waits for it at one line, and at that step --mismatch-rank
 issues an all_gather where the others issue an all_reduce (gloo then waits forever, and all stacks are the same);
 with --hold-gil-after, --hold-gil-rank enters a C call that never lets go of the GIL (a regular expression that
-backtracks forever) while its peers wait in the next all_reduce; --print-path prints PYTHONPATH first (for the test
-of what `run` puts in the ranks' environment).
+backtracks forever) while its peers wait in the next all_reduce; with --save-at, rank 0 saves --save-mb MB with
+`torch.save` to --save-to at that step (its peers wait in the next all_reduce meanwhile) and writes how many seconds
+it took to --save-seconds-to; --print-path prints PYTHONPATH first (for the test of what `run` puts in the ranks'
+environment).
 
     hangwatch run --nproc 2 -- python tests/python/plain_torch_job.py --steps 100
 """
@@ -29,6 +31,10 @@ def main():
     p.add_argument("--mismatch-rank", type=int, default=1)
     p.add_argument("--hold-gil-after", type=int, default=-1)
     p.add_argument("--hold-gil-rank", type=int, default=1)
+    p.add_argument("--save-at", type=int, default=-1)
+    p.add_argument("--save-to")
+    p.add_argument("--save-mb", type=int, default=64)
+    p.add_argument("--save-seconds-to")
     p.add_argument("--print-path", action="store_true")
     args = p.parse_args()
     if args.print_path:
@@ -42,6 +48,8 @@ def main():
             load_batch()
         if step == args.hold_gil_after and rank == args.hold_gil_rank:
             parse_header()
+        if step == args.save_at and rank == 0:
+            save_checkpoint(args.save_to, args.save_mb, args.save_seconds_to)
         opt.zero_grad()
         model(torch.ones(4, 16)).sum().backward()
         if args.mismatch_after >= 0:
@@ -57,6 +65,15 @@ def main():
         opt.step()
         time.sleep(args.step_time)
     dist.destroy_process_group()
+
+
+def save_checkpoint(path, mb, seconds_to):
+    """`torch.save` of `mb` MB to `path`, timed into `seconds_to` (not on the filesystem being tested)."""
+    began = time.monotonic()
+    torch.save({"weights": torch.zeros(mb * 2**20 // 4)}, path)
+    took = time.monotonic() - began
+    with open(seconds_to, "w") as f:
+        f.write(f"{took:.2f}\n")
 
 
 def parse_header():

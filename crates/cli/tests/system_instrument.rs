@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use hangwatch_testkit::{require, torch_python};
+use hangwatch_testkit::{require, torch_python, FuseMount};
 use serde_json::Value;
 
 fn plain_job(python: &Path, args: &[&str]) -> Vec<String> {
@@ -87,6 +87,69 @@ fn a_silent_torch_job_learns_from_its_optimizer_steps_and_a_deadlock_is_ended_at
     // The job's own sitecustomize ran in every rank.
     let ran = std::fs::read_dir(&marks).expect("marks").count();
     assert!(ran >= 3, "the job's sitecustomize ran in {ran} processes");
+}
+
+/// Rank 0 saves a checkpoint with `torch.save` onto a slow filesystem (a FUSE daemon that runs 20 ms in every 2 s)
+/// for much longer than the threshold learned from the steps, while its peers wait in the next all_reduce: the
+/// injected `checkpoint` phase makes that a checkpoint, not a hang, and the job runs to its end.
+#[test]
+fn a_long_torch_save_to_a_slow_filesystem_is_a_checkpoint_not_a_hang() {
+    let torch = require!(torch_python());
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let backing = tmp.path().join("backing");
+    std::fs::create_dir(&backing).expect("backing dir");
+    let fuse = require!(FuseMount::new(&backing));
+    let ckpt_dir = fuse.path().join("ckpt");
+    std::fs::create_dir(&ckpt_dir).expect("checkpoint dir on the mount");
+    let seconds_file = tmp.path().join("save.seconds");
+    let _slow = fuse.slow_down(Duration::from_millis(1_980), Duration::from_millis(20));
+    let save_to = ckpt_dir.join("step40.pt");
+    let mut run = HangwatchRun::start(
+        &["--nproc", "3", "--min-stall", "4s", "--quiet"],
+        &plain_job(
+            torch,
+            &[
+                "--steps",
+                "60",
+                "--step-time",
+                "0.2",
+                "--save-at",
+                "40",
+                "--save-mb",
+                "128",
+                "--save-to",
+                &save_to.to_string_lossy(),
+                "--save-seconds-to",
+                &seconds_file.to_string_lossy(),
+            ],
+        ),
+    );
+    let done = run.finish(Duration::from_secs(240));
+    done.assert_code(0);
+    assert_eq!(
+        done.json["actions"],
+        serde_json::json!([]),
+        "{}",
+        done.describe()
+    );
+    let saved: f64 = std::fs::read_to_string(&seconds_file)
+        .expect("the job timed its save")
+        .trim()
+        .parse()
+        .expect("seconds");
+    // Else this test proves nothing: the save must outlast by far the threshold the 0.2 s steps teach (held to
+    // the 4 s floor).
+    assert!(saved > 20.0, "the save took only {saved:.1} s");
+    // One writev of the whole tensor: the I/O counters stand still until it returns, so the fast path may take a
+    // look; when it does, the checkpoint's threshold is the one in force and the mount answers its probe.
+    if let Ok(text) = std::fs::read_to_string(done.report_dir.join("thresholds.json")) {
+        let thresholds: Value = serde_json::from_str(&text).expect("thresholds.json is JSON");
+        assert_eq!(thresholds["phase"], "checkpoint", "{thresholds:#}");
+    }
+    assert!(
+        std::fs::metadata(&save_to).map(|m| m.len()).unwrap_or(0) > 128 << 20,
+        "the checkpoint was written whole"
+    );
 }
 
 fn printed_python_path(flags: &[&str], torch: &Path) -> String {

@@ -190,6 +190,58 @@ impl FuseMount {
         }
         Ok(guard)
     }
+
+    /// A slow filesystem rather than a stopped one: the daemon is stopped for `stopped`, then runs for `running`,
+    /// over and over, until the guard drops (then it runs freely). Every call on the mount still completes, at a
+    /// fraction of the speed, and the caller waits in `request_wait_answer` meanwhile as on a loaded network
+    /// filesystem.
+    pub fn slow_down(&self, stopped: Duration, running: Duration) -> SlowDaemon {
+        let shared = Arc::clone(&self.shared);
+        let (quit, quitting) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || loop {
+            let pid = shared.daemon_pid;
+            {
+                let mut flag = shared.stopped.lock().unwrap_or_else(|e| e.into_inner());
+                if send(pid, Signal::SIGSTOP).is_ok() {
+                    *flag = true;
+                }
+            }
+            let end = quitting.recv_timeout(stopped);
+            if let Err(e) = shared.resume() {
+                eprintln!("testkit: {e}");
+            }
+            if !matches!(end, Err(std::sync::mpsc::RecvTimeoutError::Timeout)) {
+                return;
+            }
+            if !matches!(
+                quitting.recv_timeout(running),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            ) {
+                return;
+            }
+        });
+        SlowDaemon {
+            quit: Some(quit),
+            thread: Some(thread),
+        }
+    }
+}
+
+/// A FUSE daemon made slow by [`FuseMount::slow_down`]; runs freely again on drop.
+#[derive(Debug)]
+#[must_use = "the daemon runs freely again as soon as the guard drops"]
+pub struct SlowDaemon {
+    quit: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for SlowDaemon {
+    fn drop(&mut self) {
+        drop(self.quit.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl Drop for FuseMount {

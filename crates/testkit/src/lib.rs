@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 pub use cgroup::MemoryCgroup;
 pub use cmd::{run_tool, run_tool_unchecked, send, wait_with_deadline, ChildGuard, ToolOutput};
 pub use error::{error_chain, strict_mode, Result, TestkitError};
-pub use fuse::{FuseMount, StoppedDaemon};
+pub use fuse::{FuseMount, SlowDaemon, StoppedDaemon};
 pub use loop_ext4::{FrozenGuard, LoopExt4};
 pub use netns::TestNetwork;
 pub use postgres::{PostgresServer, POSTGRES_USER};
