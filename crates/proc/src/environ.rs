@@ -87,6 +87,13 @@ pub struct SlurmTask {
     /// `slurmstepd` starts here. A node service waits for that many before it watches the step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks_on_node: Option<usize>,
+    /// The step's nodes as Slurm writes them (`SLURM_STEP_NODELIST`, `n[1-2]`): the services of a step that spans
+    /// several agree on its coordinator through the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_nodes: Option<String>,
+    /// This node's index among the step's nodes (`SLURM_NODEID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<u32>,
 }
 
 impl SlurmTask {
@@ -95,6 +102,8 @@ impl SlurmTask {
             && self.step_id.is_none()
             && self.node_name.is_none()
             && self.tasks_on_node.is_none()
+            && self.step_nodes.is_none()
+            && self.node_id.is_none()
     }
 }
 
@@ -158,6 +167,8 @@ impl RankEnv {
                 step_id: text("SLURM_STEP_ID"),
                 node_name: text("SLURMD_NODENAME"),
                 tasks_on_node: env.get("SLURM_GTIDS").and_then(count_task_ids),
+                step_nodes: text("SLURM_STEP_NODELIST"),
+                node_id: env.get("SLURM_NODEID").and_then(|v| v.trim().parse().ok()),
             },
             launcher: LAUNCHER_VARIABLES
                 .iter()
@@ -214,12 +225,16 @@ TORCHELASTIC_RUN_ID=job42\0HANGWATCH_SOCKET=/run/hangwatch/agent.sock\0";
     fn a_slurm_task_says_how_many_tasks_of_its_step_run_on_its_node() {
         // What slurmstepd gives rank 2 of `srun -N2 -n4 --ntasks-per-node=2` on n2 (recorded, abridged).
         let env = parse_environ(
-            b"SLURM_JOB_ID=7\0SLURM_STEP_ID=0\0SLURMD_NODENAME=n2\0SLURM_GTIDS=2,3\0SLURM_PROCID=2\0",
+            b"SLURM_JOB_ID=7\0SLURM_STEP_ID=0\0SLURMD_NODENAME=n2\0SLURM_GTIDS=2,3\0SLURM_PROCID=2\0SLURM_STEP_NODELIST=n[1-2]\0SLURM_NODEID=1\0",
         );
         let slurm = RankEnv::from_environ(&env).slurm;
         assert_eq!(slurm.job_id.as_deref(), Some("7"));
         assert_eq!(slurm.node_name.as_deref(), Some("n2"));
         assert_eq!(slurm.tasks_on_node, Some(2));
+        assert_eq!(
+            (slurm.step_nodes.as_deref(), slurm.node_id),
+            (Some("n[1-2]"), Some(1))
+        );
         let batch = RankEnv::from_environ(&parse_environ(b"SLURM_JOB_ID=7\0SLURM_GTIDS=0\0")).slurm;
         assert_eq!(batch.tasks_on_node, Some(1));
         // Not a list of numbers: not a count.

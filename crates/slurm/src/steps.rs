@@ -45,6 +45,13 @@ pub struct StepOnNode {
     /// by one, so a scan may find fewer for a moment.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tasks_expected: Option<usize>,
+    /// The step's nodes in Slurm's order (`SLURM_STEP_NODELIST` expanded); empty where the tasks did not say (a
+    /// batch script).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    /// This node's index among them (`SLURM_NODEID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_index: Option<u32>,
     /// The ranks below (or among) the tasks, in rank order; filled by [`find_steps`].
     pub ranks: Vec<StepRank>,
 }
@@ -58,6 +65,14 @@ impl StepOnNode {
     /// Whether every task the step runs on this node has been started (true where Slurm did not say how many).
     pub fn all_tasks_started(&self) -> bool {
         self.tasks_expected.is_none_or(|n| self.tasks.len() >= n)
+    }
+
+    /// For a step on several nodes: the first of them, which hosts its coordinator, and this node's index.
+    pub fn spans_nodes(&self) -> Option<(&str, u32)> {
+        if self.nodes.len() < 2 {
+            return None;
+        }
+        Some((self.nodes[0].as_str(), self.node_index?))
     }
 }
 
@@ -111,6 +126,12 @@ pub fn steps_on_node(
             slurmstepd: row.ppid,
             tasks: Vec::new(),
             tasks_expected: None,
+            nodes: task
+                .step_nodes
+                .as_deref()
+                .map(crate::step::expand_hosts)
+                .unwrap_or_default(),
+            node_index: task.node_id,
             ranks: Vec::new(),
         });
         entry.tasks.push(row.pid);
@@ -255,6 +276,8 @@ mod tests {
             step_id: step.map(str::to_string),
             node_name: Some(node.into()),
             tasks_on_node: None,
+            step_nodes: None,
+            node_id: None,
         }
     }
 
@@ -354,5 +377,20 @@ mod tests {
         // Without SLURM_GTIDS nothing is known to be missing.
         let unknown = steps_on_node(&rows, &HashMap::from([(2, of(None))]), None);
         assert!(unknown[0].all_tasks_started());
+    }
+
+    #[test]
+    fn a_step_on_several_nodes_names_the_first_as_its_coordinators_host() {
+        let rows = [row(1, 0, "slurmstepd"), row(2, 1, "python3")];
+        let on = |list: &str, id| SlurmTask {
+            step_nodes: Some(list.into()),
+            node_id: Some(id),
+            ..task("5", Some("0"), "n2")
+        };
+        let step = &steps_on_node(&rows, &HashMap::from([(2, on("n[1-2]", 1))]), None)[0];
+        assert_eq!(step.nodes, ["n1", "n2"]);
+        assert_eq!(step.spans_nodes(), Some(("n1", 1)));
+        let alone = &steps_on_node(&rows, &HashMap::from([(2, on("n2", 0))]), None)[0];
+        assert_eq!(alone.spans_nodes(), None, "one node: nothing to agree on");
     }
 }

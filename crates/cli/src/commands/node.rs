@@ -575,6 +575,8 @@ mod tests {
             slurmstepd: 100,
             tasks,
             tasks_expected: expected,
+            nodes: Vec::new(),
+            node_index: None,
             ranks: Vec::new(),
         }
     }
