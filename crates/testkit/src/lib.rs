@@ -24,6 +24,7 @@ mod cmd;
 mod error;
 mod fuse;
 mod loop_ext4;
+mod munge;
 mod netns;
 mod postgres;
 mod procinfo;
@@ -38,6 +39,7 @@ pub use cmd::{run_tool, run_tool_unchecked, send, wait_with_deadline, ChildGuard
 pub use error::{error_chain, strict_mode, Result, TestkitError};
 pub use fuse::{FuseMount, SlowDaemon, StoppedDaemon};
 pub use loop_ext4::{FrozenGuard, LoopExt4};
+pub use munge::MungeDaemon;
 pub use netns::TestNetwork;
 pub use postgres::{PostgresServer, POSTGRES_USER};
 pub use procinfo::{
