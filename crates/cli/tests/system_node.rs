@@ -14,6 +14,13 @@ use common::slurm::{scripts, SlurmCluster};
 use common::*;
 use hangwatch_testkit::{python, require, wait_until, ChildGuard, LoopExt4};
 
+/// Where node `node`'s service meets the others: emulated nodes share one machine, so each listens on a port of
+/// its own, and every service is told every node's (`--peer`).
+fn peer_port(node: &str) -> u16 {
+    let base = 17_900 + (std::process::id() % 50) as u16 * 4;
+    base + node.trim_start_matches('n').parse::<u16>().unwrap_or(0)
+}
+
 fn service(cluster: &SlurmCluster, node: &str, out: &Path) -> ChildGuard {
     // Appended: a restarted service writes after the one before it.
     let err = std::fs::OpenOptions::new()
@@ -33,7 +40,18 @@ fn service(cluster: &SlurmCluster, node: &str, out: &Path) -> ChildGuard {
             node,
             "--scan-every",
             "1s",
+            "--peer-listen",
+            &format!("127.0.0.1:{}", peer_port(node)),
         ])
+        .args(["n1", "n2", "n3"].iter().flat_map(|n| {
+            [
+                "--peer".to_string(),
+                format!("{n}=127.0.0.1:{}", peer_port(n)),
+            ]
+        }))
+        // The cluster's munged: how the services of one job agree on its coordinator's secret.
+        .arg("--munge-socket")
+        .arg(cluster.dir.join("run/munge/munge.socket.2"))
         .arg("--report-root")
         .arg(out)
         .stdin(Stdio::null())
@@ -110,9 +128,20 @@ fn a_job_that_knows_nothing_of_hangwatch_is_ended_through_slurm_when_its_writer_
     );
     assert!(
         wait_until(Duration::from_secs(30), POLL, || service_log(out, "n1")
-            .contains(&format!("watching step {hung}.0"))),
-        "n1's service never watched the step: {}",
-        service_log(out, "n1")
+            .contains(&format!("watching step {hung}.0"))
+            && service_log(out, "n2")
+                .contains(&format!("watching step {hung}.0"))),
+        "the services never watched the step:\nn1: {}\nn2: {}",
+        service_log(out, "n1"),
+        service_log(out, "n2")
+    );
+    // One coordinator for the step, hosted by its first node's watcher; n2's joins with the key n1 gave.
+    assert!(
+        service_log(out, "n1").contains("hosting its coordinator")
+            && service_log(out, "n2").contains("joining its coordinator"),
+        "n1:\n{}\nn2:\n{}",
+        service_log(out, "n1"),
+        service_log(out, "n2")
     );
     let frozen = require!(fs.freeze());
     let at_freeze = lines_in(&log);
@@ -138,6 +167,21 @@ fn a_job_that_knows_nothing_of_hangwatch_is_ended_through_slurm_when_its_writer_
             && n1.contains("write")
             && n1.contains(&fs.path().display().to_string()),
         "n1's service names rank 0, the write and the mount:\n{n1}"
+    );
+    // One verdict: n2, whose ranks only wait, names n1's rank 0 and why, as n1 does.
+    let says_it = |log: &str| {
+        log.lines().any(|l| {
+            l.contains(&format!("step {hung}.0 hung:"))
+                && l.contains("rank 0 (node n1")
+                && l.contains("write")
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || says_it(&service_log(
+            out, "n2"
+        ))),
+        "n2's service names n1's rank 0 and the write:\n{}",
+        service_log(out, "n2")
     );
     assert!(
         wait_until(Duration::from_secs(30), POLL, || service_log(out, "n1")

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,8 +19,10 @@ use hangwatch_inspect::pystack::StackReadOptions;
 use hangwatch_model::exit::EXIT_HUNG;
 use hangwatch_model::Verdict;
 use hangwatch_proc::ProcFs;
+use hangwatch_slurm::munge::Munge;
 use hangwatch_slurm::steps::{StepFinder, StepOnNode};
 
+use super::node_keys::{self, HostedKeys, Joining, PeerSettings};
 use crate::duration::parse_nonzero_duration;
 use crate::exit::usage;
 
@@ -45,6 +48,55 @@ pub struct Args {
     /// /var/tmp/hangwatch-<uid>, made theirs and private].
     #[arg(long, value_name = "DIR")]
     report_root: Option<PathBuf>,
+    /// Where other nodes' services ask this one for the key of a step it hosts: a step on several nodes has one
+    /// coordinator, hosted by the watcher on its first node, and one verdict; `off`: each node decides alone.
+    #[arg(long, default_value = "0.0.0.0:17830", value_name = "ADDR|off")]
+    peer_listen: String,
+    /// Where node NAME's service listens, where NAME and --peer-listen's port would not do: several emulated
+    /// nodes on one machine, a management network (repeatable).
+    #[arg(long = "peer", value_name = "NAME=HOST:PORT")]
+    peers: Vec<String>,
+    /// munged's socket, through which the services of a job agree on its coordinator's secret [default: munge's
+    /// own, /run/munge/munge.socket.2].
+    #[arg(long, value_name = "PATH")]
+    munge_socket: Option<PathBuf>,
+}
+
+/// Where the watchers' token files go: node-local, root only.
+const TOKEN_DIR: &str = "/run/hangwatch-node";
+
+/// The services' meeting settings from the options; `None` with `--peer-listen off`.
+fn peer_settings(args: &Args) -> anyhow::Result<Option<(PeerSettings, SocketAddr)>> {
+    if args.peer_listen.trim() == "off" {
+        return Ok(None);
+    }
+    let listen: SocketAddr = args.peer_listen.trim().parse().map_err(|_| {
+        usage(format!(
+            "--peer-listen {:?} is not ADDR:PORT (e.g. 0.0.0.0:17830) or off",
+            args.peer_listen
+        ))
+    })?;
+    let mut peers = BTreeMap::new();
+    for peer in &args.peers {
+        let Some((name, addr)) = peer
+            .split_once('=')
+            .filter(|(n, a)| !n.is_empty() && a.contains(':'))
+        else {
+            return Err(usage(format!(
+                "--peer {peer:?} is not NAME=HOST:PORT (e.g. n1=10.0.0.1:17830)"
+            )));
+        };
+        peers.insert(name.trim().to_string(), addr.trim().to_string());
+    }
+    Ok(Some((
+        PeerSettings {
+            port: listen.port(),
+            peers,
+            munge: Munge::at(args.munge_socket.as_deref()),
+            token_dir: PathBuf::from(TOKEN_DIR),
+        },
+        listen,
+    )))
 }
 
 /// What the service may do about a hang (requeue needs the job's own `run`: docs/requeue.md).
@@ -107,6 +159,8 @@ struct Watcher {
     /// The watcher's stdout once it closed: its verdict, one JSON document.
     stdout: Receiver<Vec<u8>>,
     action: NodeAction,
+    /// Its token file, for a step on several nodes: removed when it ends.
+    token_file: Option<PathBuf>,
 }
 
 pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
@@ -128,6 +182,21 @@ pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
              node-local directory (the default is each job owner's /var/tmp/hangwatch-<uid>)",
             root.display()
         )));
+    }
+    let peer = peer_settings(&args)?;
+    let keys = Arc::new(HostedKeys::default());
+    if let Some((settings, listen)) = &peer {
+        match std::net::TcpListener::bind(listen) {
+            Ok(listener) => {
+                node_keys::serve(listener, Arc::clone(&keys), settings.munge.clone())?;
+            }
+            Err(e) => {
+                say(format!(
+                    "hangwatch node: warning: cannot listen on {listen} for other nodes' services ({e}): a step \
+                     on several nodes whose first node is this one is decided by each node alone"
+                ));
+            }
+        }
     }
     let program = hangwatch_child::self_exe()?;
     let options = StackReadOptions::for_self()?;
@@ -155,6 +224,48 @@ pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut seen: BTreeSet<StepKey> = BTreeSet::new();
     // Steps whose tasks are still starting, and when each was first found.
     let mut starting: BTreeMap<StepKey, Instant> = BTreeMap::new();
+    // Steps on several nodes waiting for their first node's key (asked in a worker), and what the workers said.
+    let mut asking: BTreeMap<StepKey, (StepOnNode, NodeAction)> = BTreeMap::new();
+    let (answers_to, answers) = std::sync::mpsc::channel::<(StepKey, Result<Joining, String>)>();
+    let watch = |watchers: &mut BTreeMap<StepKey, Watcher>,
+                 key: StepKey,
+                 step: &StepOnNode,
+                 action: NodeAction,
+                 joining: Option<Joining>| {
+        match start_watcher(
+            &program,
+            config,
+            step,
+            action,
+            args.report_root.as_deref(),
+            joining.as_ref(),
+        ) {
+            Ok(watcher) => {
+                say(format!(
+                    "hangwatch node: watching step {} on {} (uid {}, tasks {:?}, action {}{}); evidence in {}",
+                    step.name(),
+                    step.node.as_deref().unwrap_or("this node"),
+                    step.uid.map_or("?".into(), |u| u.to_string()),
+                    step.tasks,
+                    action_name(action),
+                    joining.as_ref().map_or(String::new(), |j| format!(
+                        ", {} its coordinator at {} for {} nodes",
+                        if j.host { "hosting" } else { "joining" },
+                        j.coordinator,
+                        j.nnodes
+                    )),
+                    watcher.report_dir.display()
+                ));
+                watchers.insert(key, watcher);
+            }
+            Err(e) => {
+                say(format!(
+                    "hangwatch node: error: cannot watch step {}: {e:#}",
+                    step.name()
+                ));
+            }
+        }
+    };
     while !stop.load(Ordering::SeqCst) {
         let started = Instant::now();
         notify(&[sd_notify::NotifyState::Watchdog]);
@@ -162,6 +273,22 @@ pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
         let present: BTreeSet<StepKey> = steps.iter().map(key_of).collect();
         seen.retain(|k| present.contains(k));
         starting.retain(|k, _| present.contains(k));
+        asking.retain(|k, _| present.contains(k));
+        while let Ok((key, answer)) = answers.try_recv() {
+            let Some((step, action)) = asking.remove(&key) else {
+                continue;
+            };
+            let joining = answer
+                .map_err(|e| {
+                    say(format!(
+                        "hangwatch node: warning: step {} cannot join its coordinator ({e}): this node decides \
+                         alone",
+                        step.name()
+                    ))
+                })
+                .ok();
+            watch(&mut watchers, key, &step, action, joining);
+        }
         for step in steps {
             let key = key_of(&step);
             if watchers.contains_key(&key) || seen.contains(&key) {
@@ -193,28 +320,36 @@ pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
             }
             let action =
                 action_for_job(args.action, finder.requested_action(&step.tasks).as_deref());
-            match start_watcher(&program, config, &step, action, args.report_root.as_deref()) {
-                Ok(watcher) => {
-                    say(format!(
-                        "hangwatch node: watching step {} on {} (uid {}, tasks {:?}, action {}); evidence in {}",
-                        step.name(),
-                        step.node.as_deref().unwrap_or("this node"),
-                        step.uid.map_or("?".into(), |u| u.to_string()),
-                        step.tasks,
-                        action_name(action),
-                        watcher.report_dir.display()
-                    ));
-                    watchers.insert(key, watcher);
+            let joining = match (step.spans_nodes(), &peer) {
+                (Some((first, _)), Some((settings, _))) if step.node.as_deref() == Some(first) => {
+                    let nnodes = u32::try_from(step.nodes.len()).unwrap_or(u32::MAX);
+                    node_keys::hosting(&step, nnodes, &keys, settings)
+                        .map_err(|e| {
+                            say(format!(
+                                "hangwatch node: warning: cannot host the coordinator of step {} ({e}): each node \
+                                 decides alone",
+                                step.name()
+                            ))
+                        })
+                        .ok()
                 }
-                Err(e) => {
-                    say(format!(
-                        "hangwatch node: error: cannot watch step {}: {e:#}",
-                        step.name()
-                    ));
+                (Some((first, index)), Some((settings, _))) => {
+                    node_keys::ask_in_background(
+                        key.clone(),
+                        &step,
+                        first,
+                        index,
+                        settings,
+                        answers_to.clone(),
+                    );
+                    asking.insert(key, (step, action));
+                    continue;
                 }
-            }
+                _ => None,
+            };
+            watch(&mut watchers, key, &step, action, joining);
         }
-        reap(&mut watchers);
+        reap(&mut watchers, &keys);
         let spent = started.elapsed();
         if let Some(rest) = args.scan_every.checked_sub(spent) {
             sleep_unless(&stop, rest);
@@ -233,7 +368,7 @@ pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while !watchers.is_empty() && Instant::now() < deadline {
-        reap(&mut watchers);
+        reap(&mut watchers, &keys);
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(ExitCode::SUCCESS)
@@ -312,6 +447,7 @@ fn start_watcher(
     step: &StepOnNode,
     action: NodeAction,
     report_root: Option<&Path>,
+    joining: Option<&Joining>,
 ) -> anyhow::Result<Watcher> {
     let report_dir = step_report_dir(step, report_root)?;
     let mut command = Command::new(program);
@@ -334,6 +470,9 @@ fn start_watcher(
         .arg("--json");
     if let Some(node) = &step.node {
         command.arg("--node-name").arg(node);
+    }
+    if let Some(joining) = joining {
+        command.args(joining.run_args());
     }
     // The service's own systemd channel is not the watchers'.
     command
@@ -376,11 +515,12 @@ fn start_watcher(
         report_dir,
         stdout,
         action,
+        token_file: joining.map(|j| j.token_file.clone()),
     })
 }
 
 /// Watchers that ended: what they decided, and for a hung job under abort, the job ended through Slurm.
-fn reap(watchers: &mut BTreeMap<StepKey, Watcher>) {
+fn reap(watchers: &mut BTreeMap<StepKey, Watcher>, keys: &HostedKeys) {
     let ended: Vec<StepKey> = watchers
         .iter_mut()
         .filter_map(|(key, w)| match w.child.try_wait() {
@@ -394,6 +534,10 @@ fn reap(watchers: &mut BTreeMap<StepKey, Watcher>) {
         };
         let code = watcher.child.wait().ok().and_then(|s| s.code());
         let name = watcher.step.name();
+        if let Some(token) = watcher.token_file.take() {
+            let _ = std::fs::remove_file(token);
+            keys.forget(&watcher.step.job_id, &watcher.step.step);
+        }
         if let Some(uid) = watcher.step.uid {
             give_to(&watcher.report_dir, uid);
         }
