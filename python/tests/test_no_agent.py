@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 
 import hangwatch
-from conftest import within
+from conftest import Agent, within
 from hangwatch import _client
 
 
@@ -63,6 +64,27 @@ def test_path_nobody_listens_on_drops_counts_and_warns_once(sockdir, monkeypatch
     assert s["dropped_by_type"]["beat"] == 100 and s["sent"] == 0
     err = capsys.readouterr().err
     assert err.count("hangwatch: cannot reach the agent") == 1
+
+
+def test_an_agent_that_comes_later_is_waited_for_quietly_and_then_reached(sockdir, monkeypatch, capsys):
+    """A node service's TaskProlog exports the socket before the step's watcher binds it."""
+    path = os.path.join(sockdir, "later.sock")
+    monkeypatch.setenv(_client.ENV_SOCKET, path)
+    monkeypatch.setenv("HANGWATCH_AGENT_LATER", "1")
+    monkeypatch.setattr(_client, "RECONNECT_INTERVAL_S", 0.05)
+    hangwatch.beat(1)
+    assert hangwatch.stats()["dropped_by_type"]["beat"] == 1
+    agent = Agent(path)
+    try:
+        deadline = time.monotonic() + 5
+        while not hangwatch.stats()["connected"] and time.monotonic() < deadline:
+            hangwatch.beat(2)
+            time.sleep(0.06)
+        assert hangwatch.stats()["connected"] is True
+        assert "beat" in [m.type for m in agent.drain(0.2)]
+    finally:
+        agent.close()
+    assert "cannot reach the agent" not in capsys.readouterr().err
 
 
 def test_socket_file_without_reader_refuses_and_drops(sockdir, monkeypatch, capsys):

@@ -34,6 +34,10 @@ pub struct LaunchSpec {
     /// hangwatch's bootstrap directory, put first on the ranks' `PYTHONPATH` ([`crate::instrument`]); `None`:
     /// the ranks' environment is left as it is (`--no-instrument`).
     pub python_bootstrap: Option<std::path::PathBuf>,
+    /// Where to bind the heartbeat socket for a job already running (`attach`) whose ranks were told where
+    /// beforehand (a node service's TaskProlog exports it as `HANGWATCH_SOCKET`); the socket is handed to the
+    /// owner of the first attached process. `None`: a private directory of hangwatch's own.
+    pub beat_socket: Option<std::path::PathBuf>,
 }
 
 /// One started process.
@@ -262,6 +266,7 @@ mod tests {
             env: Vec::new(),
             attach: Vec::new(),
             python_bootstrap: None,
+            beat_socket: None,
         }
     }
 

@@ -22,6 +22,10 @@ fn peer_port(node: &str) -> u16 {
 }
 
 fn service(cluster: &SlurmCluster, node: &str, out: &Path) -> ChildGuard {
+    service_with(cluster, node, out, Path::new("/dev/null"))
+}
+
+fn service_with(cluster: &SlurmCluster, node: &str, out: &Path, config: &Path) -> ChildGuard {
     // Appended: a restarted service writes after the one before it.
     let err = std::fs::OpenOptions::new()
         .create(true)
@@ -32,9 +36,9 @@ fn service(cluster: &SlurmCluster, node: &str, out: &Path) -> ChildGuard {
         // The test cluster's configuration; a real node's Slurm has its own at the default place.
         .env("SLURM_CONF", &cluster.conf)
         .env("HANGWATCH_STATE_DIR", out.join(format!("state-{node}")))
+        .arg("--config")
+        .arg(config)
         .args([
-            "--config",
-            "/dev/null",
             "node",
             "--node-name",
             node,
@@ -214,6 +218,80 @@ fn a_job_that_knows_nothing_of_hangwatch_is_ended_through_slurm_when_its_writer_
         service_log(out, "n3")
     );
     assert!(service_log(out, "n3").contains(&format!("watching step {healthy}.0")));
+}
+
+/// A real torch job that knows nothing of hangwatch, started with the shipped TaskProlog (`srun --task-prolog`, as
+/// a site's `TaskProlog=` would): its ranks beat on every optimizer step to the step's watcher, so the threshold is
+/// learned from steps, and a deadlock after 60 steps is ended at it.
+#[test]
+fn a_torch_job_under_the_task_prolog_beats_to_the_service_and_its_deadlock_is_ended_at_the_learned_threshold(
+) {
+    let torch = require!(hangwatch_testkit::torch_python());
+    let Some(cluster) = SlurmCluster::start_or_skip(3) else {
+        return;
+    };
+    let work = tempfile::tempdir().expect("temporary directory");
+    let out = work.path();
+    let config = out.join("config.toml");
+    std::fs::write(&config, "[run]\nmin_stall = \"4s\"\n").expect("config");
+    let _service = service_with(&cluster, "n1", out, &config);
+    let prolog =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/hangwatch-taskprolog.sh");
+    let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/plain_torch_job.py");
+    let port = hangwatch_testkit::free_tcp_port().expect("a free port");
+    let hung = cluster.submit(
+        out,
+        &format!(
+            "#!/bin/bash\n\
+             export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}\n\
+             srun --ntasks=2 --task-prolog={prolog} bash -c 'export RANK=$SLURM_PROCID WORLD_SIZE=2; \
+             exec {py} {job} --step-time 0.2 --deadlock-after 60 --deadlock-rank 1'\n",
+            prolog = prolog.display(),
+            py = torch.display(),
+            job = job.display(),
+        ),
+        &["--nodes=1", "--ntasks=2", "-w", "n1"],
+    );
+    let state = || SlurmCluster::field(&cluster.job(&hung), "JobState");
+    assert!(
+        wait_until(Duration::from_secs(180), POLL, || !matches!(
+            state().as_deref(),
+            Some("RUNNING" | "PENDING") | None
+        )),
+        "the deadlocked job is still {:?}: {}\nn1:\n{}",
+        state(),
+        cluster.job(&hung),
+        service_log(out, "n1")
+    );
+    let n1 = service_log(out, "n1");
+    assert!(
+        n1.contains(&format!("step {hung}.0 hung:")) && n1.contains("rank 1"),
+        "n1's service names rank 1:\n{n1}"
+    );
+    let evidence = std::fs::read_dir(out)
+        .expect("report root")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&format!("step-{hung}.0-")))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no evidence directory for step {hung}.0 in {}",
+                out.display()
+            )
+        });
+    let thresholds: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(evidence.join("thresholds.json")).expect("thresholds.json"),
+    )
+    .expect("JSON");
+    assert_eq!(
+        thresholds["progress_source"], "heartbeat",
+        "{thresholds:#}\nn1:\n{n1}"
+    );
+    assert_eq!(thresholds["basis"], "learned", "{thresholds:#}");
+    assert!(thresholds["hard_s"].as_f64() < Some(60.0), "{thresholds:#}");
 }
 
 #[test]

@@ -453,6 +453,9 @@ def _connect_if_due() -> bool:
     finally:
         _conn_lock.release()
     if failure is not None:
+        # A node service's watcher starts a few seconds after the ranks it watches (its TaskProlog says so).
+        if os.environ.get("HANGWATCH_AGENT_LATER") == "1":
+            return False
         _warn_once(
             "unreachable",
             "cannot reach the agent at %s (%s); heartbeats are dropped and counted, see hangwatch.stats()"

@@ -44,7 +44,11 @@ impl Supervisor {
             path: std::env::temp_dir(),
             source,
         })?;
-        let socket_path = runtime.path().join("hb.sock");
+        let socket_path = config
+            .launch
+            .beat_socket
+            .clone()
+            .unwrap_or_else(|| runtime.path().join("hb.sock"));
         let board = Arc::new(ProgressBoard::new());
         let members = Arc::new(JobMembers::new());
         let heartbeat = HeartbeatContext {
@@ -60,6 +64,17 @@ impl Supervisor {
             }
         })?;
         let mut launch_spec = config.launch.clone();
+        if launch_spec.beat_socket.is_some() {
+            // The ranks of a job hangwatch did not start run as their owner: the socket is theirs to send to.
+            if let Some(&first) = launch_spec.attach.first() {
+                let owner = ProcFs::new("/proc").status(first).ok().and_then(|s| s.euid);
+                if let Err(e) = owner.map_or(Ok(()), |uid| {
+                    nix::unistd::chown(socket.path(), Some(nix::unistd::Uid::from_raw(uid)), None)
+                }) {
+                    tracing::warn!(error = %e, "cannot hand the heartbeat socket to the job's owner: its ranks cannot beat");
+                }
+            }
+        }
         launch_spec.socket = Some(socket.path().to_path_buf());
         // Beats without a system call: a slot per local rank in the same private directory.
         let beat_slots = crate::beats::BeatSlots::create(&runtime.path().join("beats"))

@@ -85,6 +85,7 @@ fn config() -> RunConfig {
             env: Vec::new(),
             attach: Vec::new(),
             python_bootstrap: None,
+            beat_socket: None,
         },
         detector: DetectorConfig {
             fixed: Some(STALL_AFTER),

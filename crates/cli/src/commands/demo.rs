@@ -204,6 +204,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         env: Vec::new(),
         attach: Vec::new(),
         python_bootstrap: None,
+        beat_socket: None,
     };
     let config = RunConfig {
         detector: DetectorConfig {

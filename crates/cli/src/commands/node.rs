@@ -62,8 +62,22 @@ pub struct Args {
     munge_socket: Option<PathBuf>,
 }
 
-/// Where the watchers' token files go: node-local, root only.
-const TOKEN_DIR: &str = "/run/hangwatch-node";
+/// The service's node-local directory (tmpfs, root's): `tokens/` (root only) holds the watchers' token files,
+/// `steps/` each step's heartbeat socket, `python/` the bootstrap that a TaskProlog puts on the ranks' path
+/// (docs/inside-evidence.md); every user can read the last two, only root can write any of it.
+const RUNTIME_DIR: &str = "/run/hangwatch-node";
+
+/// Makes `steps/` and writes `python/` under [`RUNTIME_DIR`]; where the steps' sockets go.
+fn prepare_runtime(root: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let steps = root.join("steps");
+    std::fs::create_dir_all(&steps)?;
+    for dir in [root, steps.as_path()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
+    hangwatch_agent::instrument::write_bootstrap(&root.join("python"))?;
+    Ok(steps)
+}
 
 /// The services' meeting settings from the options; `None` with `--peer-listen off`.
 fn peer_settings(args: &Args) -> anyhow::Result<Option<(PeerSettings, SocketAddr)>> {
@@ -93,7 +107,7 @@ fn peer_settings(args: &Args) -> anyhow::Result<Option<(PeerSettings, SocketAddr
             port: listen.port(),
             peers,
             munge: Munge::at(args.munge_socket.as_deref()),
-            token_dir: PathBuf::from(TOKEN_DIR),
+            token_dir: Path::new(RUNTIME_DIR).join("tokens"),
         },
         listen,
     )))
@@ -198,6 +212,14 @@ pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    let beat_sockets = prepare_runtime(Path::new(RUNTIME_DIR))
+        .map_err(|e| {
+            say(format!(
+                "hangwatch node: warning: cannot prepare {RUNTIME_DIR} ({e}): steps are watched without their \
+                 ranks' beats, whatever a TaskProlog exports"
+            ))
+        })
+        .ok();
     let program = hangwatch_child::self_exe()?;
     let options = StackReadOptions::for_self()?;
     let procfs = ProcFs::new("/proc");
@@ -239,6 +261,7 @@ pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
             action,
             args.report_root.as_deref(),
             joining.as_ref(),
+            beat_sockets.as_deref(),
         ) {
             Ok(watcher) => {
                 say(format!(
@@ -448,6 +471,7 @@ fn start_watcher(
     action: NodeAction,
     report_root: Option<&Path>,
     joining: Option<&Joining>,
+    beat_sockets: Option<&Path>,
 ) -> anyhow::Result<Watcher> {
     let report_dir = step_report_dir(step, report_root)?;
     let mut command = Command::new(program);
@@ -473,6 +497,9 @@ fn start_watcher(
     }
     if let Some(joining) = joining {
         command.args(joining.run_args());
+    }
+    if let Some(dir) = beat_sockets {
+        command.arg("--beat-socket").arg(beat_socket(dir, step));
     }
     // The service's own systemd channel is not the watchers'.
     command
@@ -517,6 +544,17 @@ fn start_watcher(
         action,
         token_file: joining.map(|j| j.token_file.clone()),
     })
+}
+
+/// Where step `step`'s watcher takes its ranks' beats: what the TaskProlog exports as `HANGWATCH_SOCKET`
+/// (contrib/hangwatch-taskprolog.sh spells the same name).
+fn beat_socket(dir: &Path, step: &StepOnNode) -> PathBuf {
+    dir.join(format!(
+        "{}.{}@{}.sock",
+        step.job_id,
+        step.step,
+        step.node.as_deref().unwrap_or("node")
+    ))
 }
 
 /// Watchers that ended: what they decided, and for a hung job under abort, the job ended through Slurm.

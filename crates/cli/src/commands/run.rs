@@ -172,6 +172,11 @@ pub struct Args {
     /// on as --action says (docs/node-service.md).
     #[arg(long, value_name = "PID", conflicts_with_all = ["command", "nproc"])]
     attach: Vec<i32>,
+    /// With --attach: bind the heartbeat socket here, where the job's ranks were told to send (a node service's
+    /// TaskProlog exports it as HANGWATCH_SOCKET before they start; docs/inside-evidence.md). The socket is
+    /// handed to the owner of the first attached process.
+    #[arg(long, value_name = "PATH", requires = "attach")]
+    beat_socket: Option<PathBuf>,
     /// The job: a command and its arguments, after `--`.
     #[arg(
         trailing_var_arg = true,
@@ -321,6 +326,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         env: restart_env,
         attach: args.attach.clone(),
         python_bootstrap: None,
+        beat_socket: args.beat_socket.clone(),
     };
     let mut config = RunConfig {
         detector: DetectorConfig {
