@@ -203,7 +203,44 @@ impl InvestigationJob {
                     .push(format!("rank {rank}'s Flight Recorder: {e}")),
             }
         }
+        self.file_own_dumps(observations);
         observations.collectives.sort_by_key(|r| r.rank);
+    }
+
+    /// For the ranks that gave no record: the dump the job wrote itself, when it wrote one since it started
+    /// (`own_dumps`: one child under a deadline looks for them all).
+    fn file_own_dumps(&self, observations: &mut NodeObservations) {
+        let mut ranks: Vec<u32> = self.known.values().filter_map(|k| k.rank).collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        ranks.retain(|rank| !observations.collectives.iter().any(|r| r.rank == *rank));
+        if ranks.is_empty() {
+            return;
+        }
+        let prefix = crate::own_dumps::prefix(|k| std::env::var(k).ok());
+        // A little before the job started: the clocks of /proc and of the filesystem differ by a second or so.
+        let since = (unix_now() - self.run.running_for_s - 5.0).max(0.0) as u64;
+        let found = crate::own_dumps::read(&prefix, &ranks, since);
+        for (rank, bytes) in found.read {
+            match CollectiveRecord::from_flight_recorder_pickle(rank, &bytes, COLLECTIVES_KEPT) {
+                Ok(record) => {
+                    // Its record is in: it counts among the ranks the analysis heard from.
+                    if !observations.collectives_asked.contains(&rank) {
+                        observations.collectives_asked.push(rank);
+                    }
+                    observations.collectives.push(record);
+                }
+                Err(e) => observations.unreadable.push(format!(
+                    "rank {rank}'s own Flight Recorder dump ({prefix}{rank}): {e}"
+                )),
+            }
+        }
+        observations.unreadable.extend(
+            found
+                .problems
+                .into_iter()
+                .map(|p| format!("the job's own Flight Recorder dumps: {p}")),
+        );
     }
 
     /// Writes the evidence of `verdict` with this node's `observations` (abandonable), and alerts when asked.

@@ -17,6 +17,7 @@ pub mod link;
 pub mod members;
 pub mod metrics_feed;
 pub mod output;
+mod own_dumps;
 pub mod policy;
 pub mod progress;
 pub mod reaper;

@@ -152,6 +152,48 @@ fn a_long_torch_save_to_a_slow_filesystem_is_a_checkpoint_not_a_hang() {
     );
 }
 
+/// Ranks that wrote their own Flight Recorder dumps (`<TORCH_FR_DUMP_TEMP_FILE><rank>`: real pickles recorded from
+/// torch, where rank 2 never joined all_reduce #6) and then wait alike, without hangwatch's client to ask: the roll
+/// call reads the dumps and names rank 2 from them.
+#[test]
+fn dumps_the_job_wrote_itself_are_read_when_its_ranks_cannot_be_asked() {
+    let py = hangwatch_testkit::python().expect("python3");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../diagnosis/tests/fixtures/flight_recorder/pickled");
+    let prefix = tmp.path().join("fr_trace_rank_");
+    let script = format!(
+        "import os, shutil, time\n\
+         rank = os.environ['RANK']\n\
+         shutil.copy(os.path.join({fixtures:?}, 'rank' + rank + '.pickle'), os.environ['TORCH_FR_DUMP_TEMP_FILE'] + rank)\n\
+         time.sleep(600)\n",
+        fixtures = fixtures.display().to_string(),
+    );
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
+    cmd.env("TORCH_FR_DUMP_TEMP_FILE", &prefix);
+    let mut run = HangwatchRun::start_in(
+        cmd,
+        &[
+            "--nproc",
+            "3",
+            "--no-instrument",
+            "--stall-after",
+            "4s",
+            "--quiet",
+        ],
+        &[py.display().to_string(), "-c".into(), script],
+    );
+    let done = run.finish(Duration::from_secs(90));
+    done.assert_code(75);
+    done.culprit(2);
+    let summary = done.json["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.contains("rank 2 never joined all_reduce #6 of process group 0"),
+        "{summary}\n{}",
+        done.describe()
+    );
+}
+
 fn printed_python_path(flags: &[&str], torch: &Path) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
     cmd.env("PYTHONPATH", "/opt/job-lib");

@@ -69,3 +69,24 @@ fn a_rank_that_gave_no_dump_is_not_accused() {
         "{analysis:?}"
     );
 }
+
+/// The dumps a job writes itself (`<TORCH_FR_DUMP_TEMP_FILE><rank>`) are pickled: recorded in the same state as
+/// the JSON ones beside them, they read the same and name the same rank.
+#[test]
+fn a_jobs_own_pickled_dumps_read_as_the_json_ones_and_name_the_same_rank() {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/flight_recorder/pickled");
+    let pickled: Vec<CollectiveRecord> = (0..3)
+        .map(|rank| {
+            let bytes = std::fs::read(dir.join(format!("rank{rank}.pickle"))).expect("a pickle");
+            CollectiveRecord::from_flight_recorder_pickle(rank, &bytes, 32).expect("torch's pickle")
+        })
+        .collect();
+    assert_eq!(pickled, records("pickled"));
+    let analysis = analyse(&pickled, &[0, 1, 2]);
+    assert_eq!(analysis.findings[0].culprits(), [2], "{analysis:?}");
+    // Not a pickle, or a pickle that would call something: refused, not run.
+    for bad in [&b"not a pickle"[..], b"cos\nsystem\n(S'true'\ntR."] {
+        assert!(CollectiveRecord::from_flight_recorder_pickle(0, bad, 32).is_err());
+    }
+}

@@ -243,24 +243,34 @@ struct DumpEntry {
     state: String,
 }
 
-/// The recorder writes these numbers as strings, `-1` for none.
+/// The recorder's JSON writes these numbers as strings, its pickle as integers; `-1` for none.
 #[derive(Deserialize)]
 struct DumpStatus {
     #[serde(default)]
-    last_enqueued_collective: Option<String>,
+    last_enqueued_collective: Option<SequenceNumber>,
     #[serde(default)]
-    last_started_collective: Option<String>,
+    last_started_collective: Option<SequenceNumber>,
     #[serde(default)]
-    last_completed_collective: Option<String>,
+    last_completed_collective: Option<SequenceNumber>,
 }
 
-fn sequence_number(text: Option<&String>) -> Option<u64> {
-    text?
-        .trim()
-        .parse::<i64>()
-        .ok()
-        .and_then(|n| u64::try_from(n).ok())
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SequenceNumber {
+    Number(i64),
+    Text(String),
 }
+
+fn sequence_number(number: Option<&SequenceNumber>) -> Option<u64> {
+    let n = match number? {
+        SequenceNumber::Number(n) => *n,
+        SequenceNumber::Text(text) => text.trim().parse::<i64>().ok()?,
+    };
+    u64::try_from(n).ok()
+}
+
+/// At most this many bytes of a dump file are decoded (a job's own file could be anything).
+pub const MAX_FLIGHT_RECORDER_DUMP_BYTES: usize = 64 << 20;
 
 impl CollectiveRecord {
     /// Reads rank `rank`'s dump (`torch._C._distributed_c10d._dump_fr_trace_json()`). Point-to-point operations
@@ -273,6 +283,29 @@ impl CollectiveRecord {
     ) -> Result<CollectiveRecord, FlightRecorderError> {
         let dump: Dump =
             serde_json::from_slice(json).map_err(|e| FlightRecorderError(e.to_string()))?;
+        Ok(Self::from_dump(rank, dump, keep))
+    }
+
+    /// Reads a dump the job wrote itself (`<TORCH_FR_DUMP_TEMP_FILE><rank>`, written by torch after its own
+    /// collective timeout): the same content as [`CollectiveRecord::from_flight_recorder_json`], pickled. Only
+    /// plain values are decoded (a pickle naming a class or a function is refused, never run).
+    pub fn from_flight_recorder_pickle(
+        rank: u32,
+        pickle: &[u8],
+        keep: usize,
+    ) -> Result<CollectiveRecord, FlightRecorderError> {
+        if pickle.len() > MAX_FLIGHT_RECORDER_DUMP_BYTES {
+            return Err(FlightRecorderError(format!(
+                "{} bytes, more than the {MAX_FLIGHT_RECORDER_DUMP_BYTES} read",
+                pickle.len()
+            )));
+        }
+        let dump: Dump = serde_pickle::from_slice(pickle, serde_pickle::DeOptions::new())
+            .map_err(|e| FlightRecorderError(e.to_string()))?;
+        Ok(Self::from_dump(rank, dump, keep))
+    }
+
+    fn from_dump(rank: u32, dump: Dump, keep: usize) -> CollectiveRecord {
         let mut groups: BTreeMap<String, GroupRecord> = dump
             .pg_status
             .iter()
@@ -322,7 +355,7 @@ impl CollectiveRecord {
                 g
             })
             .collect();
-        Ok(CollectiveRecord { rank, groups })
+        CollectiveRecord { rank, groups }
     }
 }
 

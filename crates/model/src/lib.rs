@@ -26,7 +26,7 @@ pub use clock::{
 };
 pub use collectives::{
     CollectiveAnalysis, CollectiveCall, CollectiveEntry, CollectiveFinding, CollectiveRecord,
-    CollectiveState, FlightRecorderError, GroupRecord,
+    CollectiveState, FlightRecorderError, GroupRecord, MAX_FLIGHT_RECORDER_DUMP_BYTES,
 };
 pub use death::RankDeath;
 pub use errors::error_chain;
