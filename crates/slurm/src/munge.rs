@@ -245,11 +245,17 @@ impl KeyRequest {
 
 impl KeyGrant {
     pub fn payload(&self) -> String {
-        let hex: String = self.secret.iter().map(|b| format!("{b:02x}")).collect();
         format!(
-            "{TAG} key job={} step={} port={} secret={hex}",
-            self.job, self.step, self.port
+            "{TAG} key job={} step={} port={} secret={}",
+            self.job,
+            self.step,
+            self.port,
+            self.secret_hex()
         )
+    }
+
+    fn secret_hex(&self) -> String {
+        self.secret.iter().map(|b| format!("{b:02x}")).collect()
     }
 
     pub fn parse(payload: &str) -> Result<Self, MungeError> {
@@ -282,8 +288,7 @@ impl KeyGrant {
 
     /// The secret as a token file holds it (hex, one line): what `run --token-file` reads.
     pub fn token(&self) -> String {
-        let hex: String = self.secret.iter().map(|b| format!("{b:02x}")).collect();
-        format!("{hex}\n")
+        format!("{}\n", self.secret_hex())
     }
 
     /// Whether this grant answers `request`.
