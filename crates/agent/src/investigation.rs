@@ -89,8 +89,12 @@ impl InvestigationJob {
             };
         }
         say(crate::render::verdict_text(&verdict));
-        // Ranks that compute are no hang: no "looks hung" alert (the policy says once that it holds back).
-        let alert = verdict.activity.is_none();
+        // Ranks that compute are no hang: no "looks hung" alert (the policy says once that it holds back). Nor is
+        // a fast-path look whose filesystem answers (a long write to a slow mount): the thresholds decide then, and
+        // alert when they are passed.
+        let alert = verdict.activity.is_none()
+            && (self.trigger != Trigger::FsStall
+                || hangwatch_diagnosis::is_confirmed_stuck(&verdict));
         self.keep(verdict, &observations, alert)
     }
 

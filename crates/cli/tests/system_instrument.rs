@@ -104,8 +104,19 @@ fn a_long_torch_save_to_a_slow_filesystem_is_a_checkpoint_not_a_hang() {
     let seconds_file = tmp.path().join("save.seconds");
     let _slow = fuse.slow_down(Duration::from_millis(1_980), Duration::from_millis(20));
     let save_to = ckpt_dir.join("step40.pt");
+    // Any alert leaves its stage here: a checkpoint must not page anyone.
+    let alerts = tmp.path().join("alerts");
+    let alert_command = format!("echo $HANGWATCH_STAGE >> {}", alerts.display());
     let mut run = HangwatchRun::start(
-        &["--nproc", "3", "--min-stall", "4s", "--quiet"],
+        &[
+            "--nproc",
+            "3",
+            "--min-stall",
+            "4s",
+            "--quiet",
+            "--alert-command",
+            &alert_command,
+        ],
         &plain_job(
             torch,
             &[
@@ -140,6 +151,11 @@ fn a_long_torch_save_to_a_slow_filesystem_is_a_checkpoint_not_a_hang() {
     // Else this test proves nothing: the save must outlast by far the threshold the 0.2 s steps teach (held to
     // the 4 s floor).
     assert!(saved > 20.0, "the save took only {saved:.1} s");
+    assert_eq!(
+        std::fs::read_to_string(&alerts).unwrap_or_default(),
+        "",
+        "no alert for a checkpoint"
+    );
     // One writev of the whole tensor: the I/O counters stand still until it returns, so the fast path may take a
     // look; when it does, the checkpoint's threshold is the one in force and the mount answers its probe.
     if let Ok(text) = std::fs::read_to_string(done.report_dir.join("thresholds.json")) {
