@@ -7,9 +7,7 @@
 //! thread and reports back over a channel. The service's loop never waits for either.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
@@ -158,24 +156,18 @@ pub fn serve(listener: TcpListener, keys: Arc<HostedKeys>, munge: Munge) -> std:
     Ok(())
 }
 
-/// The token file of a step's watcher on `node`: the secret, root only, node-local.
+/// The token file of a step's watcher on `node`: the secret, root only (a private directory, mode 0600, no symlink
+/// followed), node-local.
 fn write_token(dir: &Path, grant: &KeyGrant, node: &str) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    let path = token_path(dir, &grant.job, &grant.step, node);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)?;
-    file.write_all(grant.token().as_bytes())?;
-    Ok(path)
+    let name = token_name(&grant.job, &grant.step, node);
+    hangwatch_safefs::PrivateDir::open_or_create(dir)
+        .and_then(|d| d.write(&name, grant.token().as_bytes()))
+        .map_err(std::io::Error::other)
 }
 
-/// The token file of step `job.step`'s watcher on `node` (several emulated nodes may share the directory).
-fn token_path(dir: &Path, job: &str, step: &str, node: &str) -> PathBuf {
-    dir.join(format!("{job}.{step}@{node}.token"))
+/// The token file's name for step `job.step`'s watcher on `node` (several emulated nodes may share the directory).
+fn token_name(job: &str, step: &str, node: &str) -> String {
+    format!("{job}.{step}@{node}.token")
 }
 
 /// How the first node's watcher hosts the step's coordinator.
@@ -253,6 +245,7 @@ pub fn ask_in_background<K: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn a_steps_key_is_made_once_and_forgotten_with_the_step() {
@@ -292,7 +285,7 @@ mod tests {
         assert!(joining.host && joining.coordinator.starts_with("127.0.0.1:"));
         assert_eq!(
             joining.token_file,
-            token_path(&settings.token_dir, "41", "0", "n1")
+            settings.token_dir.join(token_name("41", "0", "n1"))
         );
         let mode = std::fs::metadata(&joining.token_file)
             .expect("token file")
