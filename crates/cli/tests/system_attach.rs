@@ -121,6 +121,27 @@ fn a_pid_that_is_not_running_is_refused_with_what_to_give() {
     );
 }
 
+/// The beat socket is bound and removed by the watch itself: never on a filesystem that can stop.
+#[test]
+fn a_beat_socket_on_a_fuse_mount_is_refused_with_where_to_put_it() {
+    let backing = tempfile::tempdir().expect("tempdir");
+    let fuse = require!(hangwatch_testkit::FuseMount::new(backing.path()));
+    let socket = fuse.path().join("step.sock");
+    let pid = std::process::id().to_string();
+    let out = hangwatch()
+        .args(["run", "--attach", &pid, "--beat-socket"])
+        .arg(&socket)
+        .output()
+        .expect("hangwatch runs");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("is on a network or FUSE filesystem") && stderr.contains("node-local"),
+        "{stderr}"
+    );
+    assert!(!socket.exists(), "nothing was bound there");
+}
+
 #[test]
 fn a_watched_tree_without_a_rank_is_never_judged_hung() {
     // A batch script waiting for its srun step: a shell and a sleep, no rank variable, silent for long.

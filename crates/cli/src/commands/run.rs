@@ -258,6 +258,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             )));
         }
     }
+    // The socket is bound and removed by the loop itself: on a filesystem that can stop, so would hangwatch.
+    if let Some(socket) = args
+        .beat_socket
+        .as_deref()
+        .filter(|s| !crate::dirs::node_local(s))
+    {
+        return Err(usage(format!(
+            "--beat-socket {} is on a network or FUSE filesystem, which hangwatch must never wait on: give a \
+             node-local path (the node service uses /run/hangwatch-node/steps)",
+            socket.display()
+        )));
+    }
     if let Some(fleet) = &history_fleet {
         // Verdicts that waited while the fleet database did not answer: shipped now, in the background.
         match hangwatch_child::self_exe() {
