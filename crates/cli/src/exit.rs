@@ -11,17 +11,7 @@ pub const FAILURE: u8 = EXIT_FAILURE as u8;
 /// hangwatch ended a hung job (the coordinator's exit as the agents').
 pub const HUNG: u8 = EXIT_HUNG as u8;
 
-/// An error in what the user asked for: printed with its causes, exit code 2.
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
+pub use hangwatch_model::exit::UsageError;
 
 /// Shorthand for returning a [`UsageError`].
 pub fn usage(message: impl Into<String>) -> anyhow::Error {

@@ -5,7 +5,6 @@
 
 mod alerts;
 mod commands;
-mod config;
 mod dirs;
 mod duration;
 mod exit;
@@ -158,7 +157,7 @@ fn main() -> ExitCode {
 /// The command line, with the configuration files and `HANGWATCH_*` variables under it for the public commands.
 /// The `__` helpers `run` starts take only their command line (they read no file: a stopped home directory must
 /// not hold them, and they must do exactly what their parent said).
-fn parse() -> anyhow::Result<(Cli, Option<config::Loaded>)> {
+fn parse() -> anyhow::Result<(Cli, Option<hangwatch_config::Loaded>)> {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let helper = argv
         .get(1)
@@ -167,7 +166,7 @@ fn parse() -> anyhow::Result<(Cli, Option<config::Loaded>)> {
         return Ok((Cli::parse_from(&argv), None));
     }
     let env = |name: &str| std::env::var(name).ok();
-    let loaded = config::load(Cli::command(), &argv, &env)?;
+    let loaded = hangwatch_config::load(Cli::command(), &argv, &env)?;
     let matches = loaded.root.clone().get_matches_from(&argv);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     Ok((cli, Some(loaded)))
@@ -263,7 +262,7 @@ mod tests {
 
     #[test]
     fn every_option_of_the_public_commands_has_its_own_variable_and_no_helper_takes_any() {
-        let root = config::with_environment_names(Cli::command());
+        let root = hangwatch_config::with_environment_names(Cli::command());
         let mut seen = std::collections::BTreeSet::new();
         for command in root.get_subcommands() {
             for arg in command.get_arguments() {
@@ -302,9 +301,9 @@ mod tests {
     fn the_shipped_example_configuration_is_valid_for_this_binary() {
         let path = std::path::Path::new("contrib/config.toml");
         let text = include_str!("../../../contrib/config.toml");
-        let file = config::ConfigFile::parse(path, text).expect("parses");
-        let root = config::with_environment_names(Cli::command());
-        config::FileSettings::resolve(&root, &[file])
+        let file = hangwatch_config::ConfigFile::parse(path, text).expect("parses");
+        let root = hangwatch_config::with_environment_names(Cli::command());
+        hangwatch_config::FileSettings::resolve(&root, &[file])
             .expect("every key is an option with a valid value");
     }
 }

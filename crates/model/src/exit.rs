@@ -11,3 +11,9 @@ pub const EXIT_HUNG: i32 = 75;
 pub const EXIT_BUDGET_SPENT: i32 = 76;
 /// An attempt gave up waiting for the storage that hung the one before (`--storage-wait`).
 pub const EXIT_STORAGE_GAVE_UP: i32 = 77;
+
+/// An error in what the user asked for (a flag, a file, a value): the process ends with [`EXIT_USAGE`] and the
+/// message, which names what was wrong and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);

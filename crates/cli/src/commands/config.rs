@@ -8,8 +8,8 @@ use clap::Command;
 use hangwatch_agent::human::{write, Stream};
 use serde::Serialize;
 
-use crate::config::{effective, public_commands, Effective, Loaded, Origin};
 use crate::exit::usage;
+use hangwatch_config::{effective, public_commands, Effective, Loaded, Origin};
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\

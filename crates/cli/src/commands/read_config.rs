@@ -14,6 +14,6 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    crate::config::read_child_main(&args.path, &mut out)?;
+    hangwatch_config::read_child_main(&args.path, &mut out)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,5 +1,5 @@
-//! The site configuration: `/etc/hangwatch/config.toml` (or `--config FILE`), then the user's
-//! `~/.config/hangwatch/config.toml`, then `HANGWATCH_<OPTION>` variables, then flags; later wins
+//! hangwatch's configuration, layered onto its command tree: the site's `/etc/hangwatch/config.toml` (or
+//! `--config FILE`), then the user's `~/.config/hangwatch/config.toml`, then `HANGWATCH_<OPTION>` variables, then flags; later wins
 //! (docs/configuration.md). Every option of every public command can come from any of them.
 
 mod file;
@@ -17,7 +17,11 @@ pub use layers::{
 };
 pub use read::child_main as read_child_main;
 
-use crate::exit::usage;
+use hangwatch_model::exit::UsageError;
+
+fn usage(message: String) -> anyhow::Error {
+    anyhow::Error::new(UsageError(message))
+}
 
 /// The site's file, read by every user's hangwatch.
 pub const SYSTEM_FILE: &str = "/etc/hangwatch/config.toml";
