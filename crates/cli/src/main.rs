@@ -5,16 +5,12 @@
 
 mod alerts;
 mod commands;
-mod dirs;
 mod duration;
 mod exit;
 mod fleet;
-mod job_events;
 mod output;
-mod requeue;
 mod secret;
 mod size;
-mod storage_wait;
 
 use std::process::ExitCode;
 

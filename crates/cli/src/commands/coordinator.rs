@@ -1,6 +1,6 @@
 //! `hangwatch coordinator`: serves one multi-node job's agents (docs/coordinator-protocol.md) and runs the job's
 //! policy over them, until every node has left (or SIGINT/SIGTERM). Refuses a token file that others can read.
-//! Serving is `hangwatch_coordinator::hosted`'s; what its events say to people is `crate::job_events`'.
+//! Serving is `hangwatch_coordinator::hosted`'s; what its events say to people is `hangwatch_run::job_events`'.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -16,7 +16,7 @@ use hangwatch_metrics::CoordinatorMetrics;
 
 use crate::duration::parse_nonzero_duration;
 use crate::exit::usage;
-use crate::job_events::{self, JobAlerts};
+use hangwatch_run::job_events::{self, JobAlerts};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -66,8 +66,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let secret = crate::secret::read_job_secret(&args.token_file, &job_id)?;
     let alerter = std::sync::Arc::new(args.alerts.alerter()?);
     // Held open (and locked) while the coordinator runs.
-    let report =
-        crate::dirs::open_report_dir(args.report_dir.as_deref(), "coordinator").map_err(usage)?;
+    let report = hangwatch_run::dirs::open_report_dir(args.report_dir.as_deref(), "coordinator")
+        .map_err(usage)?;
     let report_dir = report.path().to_path_buf();
     let alerts = JobAlerts {
         alerter: std::sync::Arc::clone(&alerter),

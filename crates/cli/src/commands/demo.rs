@@ -164,7 +164,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             log.display()
         ),
     );
-    let report = crate::dirs::open_report_dir(args.report_dir.as_deref(), "demo").map_err(usage)?;
+    let report =
+        hangwatch_run::dirs::open_report_dir(args.report_dir.as_deref(), "demo").map_err(usage)?;
     let report_dir = report.path().to_path_buf();
     let freezer = {
         let mount = stage.mount.clone();

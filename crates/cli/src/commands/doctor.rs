@@ -10,7 +10,7 @@ use hangwatch_doctor::{
 };
 use hangwatch_proc::MountTable;
 
-use crate::dirs::{report_root_candidates, state_dir, ProcessEnv};
+use hangwatch_run::dirs::{report_root_candidates, state_dir, ProcessEnv};
 
 /// What on this machine would make a hang silent or hangwatch blind, each with the fix.
 #[derive(Debug, clap::Args)]

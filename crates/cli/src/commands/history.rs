@@ -71,7 +71,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.fleet {
         return run_fleet(&args, query);
     }
-    let path = args.db.clone().unwrap_or_else(crate::dirs::history_db_path);
+    let path = args
+        .db
+        .clone()
+        .unwrap_or_else(hangwatch_run::dirs::history_db_path);
     let exists = std::fs::symlink_metadata(&path).is_ok();
     let db = if exists {
         Some(HistoryDb::open_existing(&path)?)

@@ -189,7 +189,7 @@ pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
     if let Some(root) = args
         .report_root
         .as_deref()
-        .filter(|r| !crate::dirs::node_local(r))
+        .filter(|r| !hangwatch_run::dirs::node_local(r))
     {
         return Err(usage(format!(
             "--report-root {} is on a network or FUSE filesystem, which the service must never wait on: give a \
@@ -443,8 +443,8 @@ fn step_report_dir(step: &StepOnNode, root: Option<&Path>) -> anyhow::Result<Pat
     let root = match root {
         Some(root) => root.to_path_buf(),
         None => {
-            let root = crate::dirs::default_root(uid);
-            if crate::dirs::squatted(&root, uid).is_some() {
+            let root = hangwatch_run::dirs::default_root(uid);
+            if hangwatch_run::dirs::squatted(&root, uid).is_some() {
                 return Err(anyhow::anyhow!(
                     "{} is not a directory of uid {uid}: give --report-root",
                     root.display()

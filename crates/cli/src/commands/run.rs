@@ -118,7 +118,7 @@ pub struct Args {
     #[arg(long)]
     report_dir: Option<PathBuf>,
     /// Keep the newest N run directories under the default report root, removing older ones (0: keep all).
-    #[arg(long, default_value_t = crate::dirs::DEFAULT_KEEP_RUNS, value_name = "N")]
+    #[arg(long, default_value_t = hangwatch_run::dirs::DEFAULT_KEEP_RUNS, value_name = "N")]
     keep_runs: usize,
     #[command(flatten)]
     alerts: crate::alerts::AlertArgs,
@@ -229,10 +229,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Every node reads it: each waits for the storage that hung the last attempt before starting its ranks.
     let previous_attempt = slurm_job
         .as_ref()
-        .and_then(|job| crate::requeue::previous_attempt(job, node_rank == 0));
+        .and_then(|job| hangwatch_run::requeue::previous_attempt(job, node_rank == 0));
     let restart_env = slurm_job
         .as_ref()
-        .map(|job| crate::requeue::restart_env(job, env))
+        .map(|job| hangwatch_run::requeue::restart_env(job, env))
         .unwrap_or_default();
     let coordination = coordination(
         &args,
@@ -262,7 +262,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(socket) = args
         .beat_socket
         .as_deref()
-        .filter(|s| !crate::dirs::node_local(s))
+        .filter(|s| !hangwatch_run::dirs::node_local(s))
     {
         return Err(usage(format!(
             "--beat-socket {} is on a network or FUSE filesystem, which hangwatch must never wait on: give a \
@@ -275,7 +275,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         match hangwatch_child::self_exe() {
             Ok(exe) => hangwatch_agent::history::ship_in_background(
                 exe,
-                crate::dirs::history_db_path(),
+                hangwatch_run::dirs::history_db_path(),
                 fleet.clone(),
             ),
             Err(e) => {
@@ -355,7 +355,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         node: node_name.clone(),
         job_id: Some(job_id.clone()),
         alerter: std::sync::Arc::clone(&alerter),
-        history_db: Some(crate::dirs::history_db_path()),
+        history_db: Some(hangwatch_run::dirs::history_db_path()),
         history_fleet: history_fleet.clone(),
         failed_rank_grace: args
             .stall_after
@@ -371,7 +371,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let activity = hangwatch_agent::supervise::activity_rule(&config.detector);
     let hosted = match coordination.as_ref().and_then(|c| c.host.as_ref()) {
         Some((listen, hosted_config)) => {
-            match crate::job_events::Hosted::start(
+            match hangwatch_run::job_events::Hosted::start(
                 *listen,
                 hosted_config.clone(),
                 hangwatch_coordinator::SuperviseOptions {
@@ -379,7 +379,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     activity,
                     ..hangwatch_coordinator::SuperviseOptions::default()
                 },
-                crate::job_events::JobAlerts {
+                hangwatch_run::job_events::JobAlerts {
                     alerter: std::sync::Arc::clone(&alerter),
                     job: Some(job_id.clone()),
                     evidence: format!(
@@ -426,7 +426,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // An attempt after a storage hang waits for that storage before it starts the job.
     let storage_gave_up = match (&slurm_job, &previous_attempt) {
         (Some(job), Some(record)) if !record.mounts.is_empty() => matches!(
-            crate::storage_wait::wait_for_storage(
+            hangwatch_run::storage_wait::wait_for_storage(
                 &record.mounts,
                 args.storage_wait,
                 |still, waited| {
@@ -434,18 +434,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         m.metrics.set_waiting_for_storage(still.is_some());
                     }
                     if node_rank == 0 {
-                        crate::requeue::note_storage_wait(job, record, still, waited);
+                        hangwatch_run::requeue::note_storage_wait(job, record, still, waited);
                     }
                 },
             ),
-            crate::storage_wait::StorageWait::GaveUp { .. }
+            hangwatch_run::storage_wait::StorageWait::GaveUp { .. }
         ),
         _ => false,
     };
     // Given up on the storage: no job was started, and what was set up (metrics, a hosted coordinator, the
     // output's protection) ends as after any run.
     let code = match (!storage_gave_up).then(|| supervise(config)) {
-        None => crate::storage_wait::EXIT_STORAGE_GAVE_UP,
+        None => hangwatch_run::storage_wait::EXIT_STORAGE_GAVE_UP,
         Some(outcome) => match outcome {
             Ok(outcome) => {
                 if let Some(sink) = sink {
@@ -455,7 +455,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 let mut acted = outcome.verdict.clone().filter(|_| code == EXIT_HUNG);
                 let code = match (&slurm_job, acted.as_mut()) {
                     (Some(job), Some(verdict)) if node_rank == 0 => {
-                        let (code, action) = crate::requeue::after_hang(
+                        let (code, action) = hangwatch_run::requeue::after_hang(
                             job,
                             verdict,
                             previous_attempt.clone(),
@@ -567,7 +567,7 @@ const RUN_FILES: &[&str] = &[
 /// pruned to `--keep-runs`). Refused (exit 2) when it is not ours, is a symlink, or holds a symlink where one of
 /// our files will go.
 fn open_report_dir(args: &Args) -> anyhow::Result<hangwatch_safefs::PrivateDir> {
-    use crate::dirs::error_chain;
+    use hangwatch_model::error_chain;
     let refused = |e: hangwatch_safefs::SafeFsError| {
         usage(format!(
             "cannot use the report directory: {}",
@@ -577,14 +577,14 @@ fn open_report_dir(args: &Args) -> anyhow::Result<hangwatch_safefs::PrivateDir> 
     let report = match &args.report_dir {
         Some(dir) => hangwatch_safefs::PrivateDir::open_or_create(dir).map_err(refused)?,
         None => {
-            let (root, run) = crate::dirs::create_run_dir("run").map_err(usage)?;
+            let (root, run) = hangwatch_run::dirs::create_run_dir("run").map_err(usage)?;
             let current = run
                 .path()
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             run.lock_in_use().map_err(refused)?;
-            crate::dirs::prune_runs(&root, &current, args.keep_runs);
+            hangwatch_run::dirs::prune_runs(&root, &current, args.keep_runs);
             run
         }
     };
@@ -594,7 +594,7 @@ fn open_report_dir(args: &Args) -> anyhow::Result<hangwatch_safefs::PrivateDir> 
         .chain(RUN_FILES)
         .copied()
         .collect();
-    crate::dirs::refuse_planted(&report, &names).map_err(refused)?;
+    hangwatch_run::dirs::refuse_planted(&report, &names).map_err(refused)?;
     Ok(report)
 }
 

@@ -3,7 +3,7 @@
 //! environment (passed in through [`Env`]) and of a node-local test, unit-tested below; the directories
 //! themselves are opened through [`hangwatch_safefs`] (0700, ours, never a symlink).
 
-pub use hangwatch_model::error_chain;
+use hangwatch_model::error_chain;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -404,7 +404,7 @@ pub fn refuse_planted(dir: &PrivateDir, names: &[&str]) -> Result<(), SafeFsErro
     Ok(())
 }
 
-pub use hangwatch_model::utc_stamp;
+use hangwatch_model::utc_stamp;
 
 #[cfg(test)]
 mod tests {

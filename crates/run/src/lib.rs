@@ -1,0 +1,9 @@
+//! What surrounds a watched run, shared by `hangwatch run`, `coordinator`, `node` and `demo`: where a run's files
+//! go on a node (`dirs`), the wait for the storage that hung the attempt before (`storage_wait`), the requeue
+//! (`requeue`), and the coordinator's events said, alerted, counted and kept (`job_events`). The agent's loop
+//! (`hangwatch_agent`) decides; this crate is the I/O around one run that is not the loop's.
+
+pub mod dirs;
+pub mod job_events;
+pub mod requeue;
+pub mod storage_wait;
