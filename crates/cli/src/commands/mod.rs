@@ -14,7 +14,6 @@ pub mod log_sink;
 pub mod log_writer;
 pub mod metrics;
 pub mod node;
-mod node_keys;
 pub mod own_output;
 pub mod probe;
 pub mod read_config;

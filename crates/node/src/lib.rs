@@ -1,0 +1,822 @@
+//! The node service (`hangwatch node`): watches every Slurm job step on it, with no change to the
+//! jobs' scripts. It finds the steps (`hangwatch_slurm::steps`), starts one watcher per step (`hangwatch run
+//! --attach` on the step's tasks, a process of its own so that one step's trouble is not another's), stands
+//! back where a job runs its own `hangwatch run`, and ends a hung job through Slurm. The loop only looks and
+//! starts: every watcher reports back by exiting.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hangwatch_agent::human::say;
+use hangwatch_inspect::pystack::StackReadOptions;
+use hangwatch_model::exit::EXIT_HUNG;
+use hangwatch_model::Verdict;
+use hangwatch_proc::ProcFs;
+use hangwatch_slurm::munge::Munge;
+use hangwatch_slurm::steps::{StepFinder, StepOnNode};
+
+use hangwatch_model::exit::UsageError;
+
+use keys::{HostedKeys, Joining, PeerSettings};
+
+pub mod keys;
+
+fn usage(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UsageError(message.into()))
+}
+
+/// How the service runs: `hangwatch node`'s options (crates/cli), documented there.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// This node's name as its steps know it (SLURMD_NODENAME); `None`: every step on this machine.
+    pub node_name: Option<String>,
+    /// What to do about a hung step; a job may narrow it with HANGWATCH_ACTION=observe.
+    pub action: NodeAction,
+    /// How often to look for steps that started or ended.
+    pub scan_every: Duration,
+    /// Where each step's evidence goes; `None`: the job owner's /var/tmp/hangwatch-<uid>.
+    pub report_root: Option<PathBuf>,
+    /// Where other nodes' services ask this one for a step's key (`ADDR:PORT`), or `off`.
+    pub peer_listen: String,
+    /// `NAME=HOST:PORT` for nodes whose service is not at their name and `peer_listen`'s port.
+    pub peers: Vec<String>,
+    /// munged's socket; `None`: munge's own.
+    pub munge_socket: Option<PathBuf>,
+}
+
+/// The service's node-local directory (tmpfs, root's): `tokens/` (root only) holds the watchers' token files,
+/// `steps/` each step's heartbeat socket, `python/` the bootstrap that a TaskProlog puts on the ranks' path
+/// (docs/inside-evidence.md); every user can read the last two, only root can write any of it.
+const RUNTIME_DIR: &str = "/run/hangwatch-node";
+
+/// Makes `steps/` and writes `python/` under [`RUNTIME_DIR`]; where the steps' sockets go.
+fn prepare_runtime(root: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let steps = root.join("steps");
+    std::fs::create_dir_all(&steps)?;
+    for dir in [root, steps.as_path()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
+    hangwatch_agent::instrument::write_bootstrap(&root.join("python"))?;
+    Ok(steps)
+}
+
+/// The services' meeting settings from the options; `None` with `--peer-listen off`.
+fn peer_settings(args: &Settings) -> anyhow::Result<Option<(PeerSettings, SocketAddr)>> {
+    if args.peer_listen.trim() == "off" {
+        return Ok(None);
+    }
+    let listen: SocketAddr = args.peer_listen.trim().parse().map_err(|_| {
+        usage(format!(
+            "--peer-listen {:?} is not ADDR:PORT (e.g. 0.0.0.0:17830) or off",
+            args.peer_listen
+        ))
+    })?;
+    let mut peers = BTreeMap::new();
+    for peer in &args.peers {
+        let Some((name, addr)) = peer
+            .split_once('=')
+            .filter(|(n, a)| !n.is_empty() && a.contains(':'))
+        else {
+            return Err(usage(format!(
+                "--peer {peer:?} is not NAME=HOST:PORT (e.g. n1=10.0.0.1:17830)"
+            )));
+        };
+        peers.insert(name.trim().to_string(), addr.trim().to_string());
+    }
+    Ok(Some((
+        PeerSettings {
+            port: listen.port(),
+            peers,
+            munge: Munge::at(args.munge_socket.as_deref()),
+            token_dir: Path::new(RUNTIME_DIR).join("tokens"),
+        },
+        listen,
+    )))
+}
+
+/// What the service may do about a hang (requeue needs the job's own `run`: docs/requeue.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeAction {
+    Observe,
+    Abort,
+}
+
+/// The action for one job: the site's, unless the job asks for observe (a job may narrow, never widen).
+pub fn action_for_job(site: NodeAction, requested: Option<&str>) -> NodeAction {
+    match requested.map(str::trim) {
+        Some("observe") => NodeAction::Observe,
+        _ => site,
+    }
+}
+
+/// A step as the service keys it: the same job step on two emulated nodes, or started again, is another.
+type StepKey = (String, String, Option<String>, i32);
+
+fn key_of(step: &StepOnNode) -> StepKey {
+    (
+        step.job_id.clone(),
+        step.step.clone(),
+        step.node.clone(),
+        step.slurmstepd,
+    )
+}
+
+/// How long a step's tasks may take to all start (`slurmstepd` starts them one by one) before the service watches
+/// the ones there are: a watcher is given its tasks once, and a rank left out of it would never be seen stuck.
+const TASKS_START_GRACE: Duration = Duration::from_secs(20);
+
+/// Whether to start watching a step now, first seen at `first_seen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WhenToWatch {
+    /// Every task it runs here has started (or Slurm did not say how many).
+    Now,
+    /// Some are still missing: looked at again at the next scan.
+    Later,
+    /// Some are still missing after [`TASKS_START_GRACE`]: watch the ones there are.
+    NowWithoutSome,
+}
+
+fn when_to_watch(step: &StepOnNode, first_seen: Instant, now: Instant) -> WhenToWatch {
+    if step.all_tasks_started() {
+        WhenToWatch::Now
+    } else if now.saturating_duration_since(first_seen) < TASKS_START_GRACE {
+        WhenToWatch::Later
+    } else {
+        WhenToWatch::NowWithoutSome
+    }
+}
+
+/// One step's watcher.
+struct Watcher {
+    child: Child,
+    step: StepOnNode,
+    report_dir: PathBuf,
+    /// The watcher's stdout once it closed: its verdict, one JSON document.
+    stdout: Receiver<Vec<u8>>,
+    action: NodeAction,
+    /// Its token file, for a step on several nodes: removed when it ends.
+    token_file: Option<PathBuf>,
+}
+
+pub fn run(args: Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(usage(
+            "hangwatch node watches every user's jobs and must run as root (the systemd unit does); to watch \
+             your own job, put `hangwatch run` in its script",
+        ));
+    }
+    // The loop creates each step's directory itself: under a root on a network or FUSE filesystem that stops, it
+    // would stop too (and with it every watch on the node).
+    if let Some(root) = args
+        .report_root
+        .as_deref()
+        .filter(|r| !hangwatch_run::dirs::node_local(r))
+    {
+        return Err(usage(format!(
+            "--report-root {} is on a network or FUSE filesystem, which the service must never wait on: give a \
+             node-local directory (the default is each job owner's /var/tmp/hangwatch-<uid>)",
+            root.display()
+        )));
+    }
+    let peer = peer_settings(&args)?;
+    let keys = Arc::new(HostedKeys::default());
+    if let Some((settings, listen)) = &peer {
+        match std::net::TcpListener::bind(listen) {
+            Ok(listener) => {
+                keys::serve(listener, Arc::clone(&keys), settings.munge.clone())?;
+            }
+            Err(e) => {
+                say(format!(
+                    "hangwatch node: warning: cannot listen on {listen} for other nodes' services ({e}): a step \
+                     on several nodes whose first node is this one is decided by each node alone"
+                ));
+            }
+        }
+    }
+    let beat_sockets = prepare_runtime(Path::new(RUNTIME_DIR))
+        .map_err(|e| {
+            say(format!(
+                "hangwatch node: warning: cannot prepare {RUNTIME_DIR} ({e}): steps are watched without their \
+                 ranks' beats, whatever a TaskProlog exports"
+            ))
+        })
+        .ok();
+    let program = hangwatch_child::self_exe()?;
+    let options = StackReadOptions::for_self()?;
+    let procfs = ProcFs::new("/proc");
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
+    let node = args.node_name.as_deref();
+    say(format!(
+        "hangwatch node: watching the Slurm steps {} (action {}, a look every {})",
+        node.map(|n| format!("of node {n}"))
+            .unwrap_or_else(|| "on this machine".into()),
+        action_name(args.action),
+        hangwatch_model::format_duration(args.scan_every)
+    ));
+    notify(&[sd_notify::NotifyState::Ready]);
+    let mut finder = StepFinder::default();
+    let mut watchers: BTreeMap<StepKey, Watcher> = BTreeMap::new();
+    // Steps already dealt with (watched to the end, or left to their own hangwatch): not started again.
+    let mut seen: BTreeSet<StepKey> = BTreeSet::new();
+    // Steps whose tasks are still starting, and when each was first found.
+    let mut starting: BTreeMap<StepKey, Instant> = BTreeMap::new();
+    // Steps on several nodes waiting for their first node's key (asked in a worker), and what the workers said.
+    let mut asking: BTreeMap<StepKey, (StepOnNode, NodeAction)> = BTreeMap::new();
+    let (answers_to, answers) = std::sync::mpsc::channel::<(StepKey, Result<Joining, String>)>();
+    let watch = |watchers: &mut BTreeMap<StepKey, Watcher>,
+                 key: StepKey,
+                 step: &StepOnNode,
+                 action: NodeAction,
+                 joining: Option<Joining>| {
+        match start_watcher(
+            &program,
+            config,
+            step,
+            action,
+            args.report_root.as_deref(),
+            joining.as_ref(),
+            beat_sockets.as_deref(),
+        ) {
+            Ok(watcher) => {
+                say(format!(
+                    "hangwatch node: watching step {} on {} (uid {}, tasks {:?}, action {}{}); evidence in {}",
+                    step.name(),
+                    step.node.as_deref().unwrap_or("this node"),
+                    step.uid.map_or("?".into(), |u| u.to_string()),
+                    step.tasks,
+                    action_name(action),
+                    joining.as_ref().map_or(String::new(), |j| format!(
+                        ", {} its coordinator at {} for {} nodes",
+                        if j.host { "hosting" } else { "joining" },
+                        j.coordinator,
+                        j.nnodes
+                    )),
+                    watcher.report_dir.display()
+                ));
+                watchers.insert(key, watcher);
+            }
+            Err(e) => {
+                say(format!(
+                    "hangwatch node: error: cannot watch step {}: {e:#}",
+                    step.name()
+                ));
+            }
+        }
+    };
+    while !stop.load(Ordering::SeqCst) {
+        let started = Instant::now();
+        notify(&[sd_notify::NotifyState::Watchdog]);
+        let steps = finder.scan(&procfs, node, &options);
+        let present: BTreeSet<StepKey> = steps.iter().map(key_of).collect();
+        seen.retain(|k| present.contains(k));
+        starting.retain(|k, _| present.contains(k));
+        asking.retain(|k, _| present.contains(k));
+        while let Ok((key, answer)) = answers.try_recv() {
+            let Some((step, action)) = asking.remove(&key) else {
+                continue;
+            };
+            let joining = answer
+                .map_err(|e| {
+                    say(format!(
+                        "hangwatch node: warning: step {} cannot join its coordinator ({e}): this node decides \
+                         alone",
+                        step.name()
+                    ))
+                })
+                .ok();
+            watch(&mut watchers, key, &step, action, joining);
+        }
+        for step in steps {
+            let key = key_of(&step);
+            if watchers.contains_key(&key) || seen.contains(&key) {
+                continue;
+            }
+            let first_seen = *starting.entry(key.clone()).or_insert(started);
+            match when_to_watch(&step, first_seen, started) {
+                WhenToWatch::Later => continue,
+                WhenToWatch::Now => {}
+                WhenToWatch::NowWithoutSome => {
+                    say(format!(
+                        "hangwatch node: warning: step {} started {} of its {} tasks here within {}: \
+                         watching those",
+                    step.name(),
+                    step.tasks.len(),
+                    step.tasks_expected.unwrap_or_default(),
+                    hangwatch_model::format_duration(TASKS_START_GRACE)
+                    ));
+                }
+            }
+            starting.remove(&key);
+            seen.insert(key.clone());
+            if let Some(pid) = own_hangwatch(&procfs, &step.tasks) {
+                say(format!(
+                    "hangwatch node: step {} runs its own hangwatch (pid {pid}): left to it",
+                    step.name()
+                ));
+                continue;
+            }
+            let action =
+                action_for_job(args.action, finder.requested_action(&step.tasks).as_deref());
+            let joining = match (step.spans_nodes(), &peer) {
+                (Some((first, _)), Some((settings, _))) if step.node.as_deref() == Some(first) => {
+                    let nnodes = u32::try_from(step.nodes.len()).unwrap_or(u32::MAX);
+                    keys::hosting(&step, nnodes, &keys, settings)
+                        .map_err(|e| {
+                            say(format!(
+                                "hangwatch node: warning: cannot host the coordinator of step {} ({e}): each node \
+                                 decides alone",
+                                step.name()
+                            ))
+                        })
+                        .ok()
+                }
+                (Some((first, index)), Some((settings, _))) => {
+                    keys::ask_in_background(
+                        key.clone(),
+                        &step,
+                        first,
+                        index,
+                        settings,
+                        answers_to.clone(),
+                    );
+                    asking.insert(key, (step, action));
+                    continue;
+                }
+                _ => None,
+            };
+            watch(&mut watchers, key, &step, action, joining);
+        }
+        reap(&mut watchers, &keys);
+        let spent = started.elapsed();
+        if let Some(rest) = args.scan_every.checked_sub(spent) {
+            sleep_unless(&stop, rest);
+        }
+    }
+    say(format!(
+        "hangwatch node: stopping; {} watcher(s) told to leave their jobs alone",
+        watchers.len()
+    ));
+    notify(&[sd_notify::NotifyState::Stopping]);
+    for watcher in watchers.values() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(watcher.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !watchers.is_empty() && Instant::now() < deadline {
+        reap(&mut watchers, &keys);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn action_name(action: NodeAction) -> &'static str {
+    match action {
+        NodeAction::Observe => "observe",
+        NodeAction::Abort => "abort",
+    }
+}
+
+/// Tells systemd (when it started the service with `Type=notify`); nothing otherwise.
+fn notify(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, state) {
+        tracing::debug!(error = %e, "cannot notify systemd");
+    }
+}
+
+fn sleep_unless(stop: &AtomicBool, total: Duration) {
+    let end = Instant::now() + total;
+    while !stop.load(Ordering::SeqCst) && Instant::now() < end {
+        std::thread::sleep(
+            Duration::from_millis(50).min(end.saturating_duration_since(Instant::now())),
+        );
+    }
+}
+
+/// A `hangwatch` process among the step's tasks and their descendants: the job watches itself.
+fn own_hangwatch(procfs: &ProcFs, tasks: &[i32]) -> Option<i32> {
+    procfs
+        .subtree(tasks)
+        .into_iter()
+        .find(|s| s.comm == "hangwatch")
+        .map(|s| s.pid)
+}
+
+/// The report directory of `step`: under `root`, else under its owner's `/var/tmp/hangwatch-<uid>` (made
+/// theirs, 0700; a directory there that someone else owns is not used).
+fn step_report_dir(step: &StepOnNode, root: Option<&Path>) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let uid = step.uid.unwrap_or(0);
+    let name = format!(
+        "step-{}-{}-{}",
+        step.name(),
+        step.node.as_deref().unwrap_or("node"),
+        hangwatch_model::utc_stamp(hangwatch_model::unix_now() as u64)
+    );
+    let root = match root {
+        Some(root) => root.to_path_buf(),
+        None => {
+            let root = hangwatch_run::dirs::default_root(uid);
+            if hangwatch_run::dirs::squatted(&root, uid).is_some() {
+                return Err(anyhow::anyhow!(
+                    "{} is not a directory of uid {uid}: give --report-root",
+                    root.display()
+                ));
+            }
+            if std::fs::symlink_metadata(&root).is_err() {
+                std::fs::create_dir(&root)?;
+                std::os::unix::fs::chown(&root, Some(uid), None)?;
+                std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
+            }
+            root
+        }
+    };
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    Ok(dir)
+}
+
+fn start_watcher(
+    program: &Path,
+    config: Option<&Path>,
+    step: &StepOnNode,
+    action: NodeAction,
+    report_root: Option<&Path>,
+    joining: Option<&Joining>,
+    beat_sockets: Option<&Path>,
+) -> anyhow::Result<Watcher> {
+    let report_dir = step_report_dir(step, report_root)?;
+    let mut command = Command::new(program);
+    if let Some(config) = config {
+        command.arg("--config").arg(config);
+    }
+    command
+        .arg("run")
+        .args(
+            step.tasks
+                .iter()
+                .flat_map(|t| ["--attach".to_string(), t.to_string()]),
+        )
+        .arg("--job-id")
+        .arg(&step.job_id)
+        .arg("--report-dir")
+        .arg(&report_dir)
+        .arg("--action")
+        .arg(action_name(action))
+        .arg("--json");
+    if let Some(node) = &step.node {
+        command.arg("--node-name").arg(node);
+    }
+    if let Some(joining) = joining {
+        command.args(joining.run_args());
+    }
+    if let Some(dir) = beat_sockets {
+        command.arg("--beat-socket").arg(beat_socket(dir, step));
+    }
+    // The service's own systemd channel is not the watchers'.
+    command
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // A watcher outlives no service: told to stop, it leaves its job alone (a restarted service watches anew).
+    hangwatch_agent::sys::on_parent_death(&mut command, nix::sys::signal::Signal::SIGTERM);
+    let mut child = command.spawn()?;
+    let label = format!(
+        "[{}@{}]",
+        step.name(),
+        step.node.as_deref().unwrap_or("node")
+    );
+    if let Some(stderr) = child.stderr.take() {
+        std::thread::Builder::new()
+            .name("hw-node-err".into())
+            .spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    say(format!("{label} {line}"));
+                }
+            })?;
+    }
+    let (into, stdout) = std::sync::mpsc::channel();
+    if let Some(mut pipe) = child.stdout.take() {
+        std::thread::Builder::new()
+            .name("hw-node-out".into())
+            .spawn(move || {
+                let mut buf = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut pipe, &mut buf);
+                let _ = into.send(buf);
+            })?;
+    }
+    Ok(Watcher {
+        child,
+        step: step.clone(),
+        report_dir,
+        stdout,
+        action,
+        token_file: joining.map(|j| j.token_file.clone()),
+    })
+}
+
+/// Where step `step`'s watcher takes its ranks' beats: what the TaskProlog exports as `HANGWATCH_SOCKET`
+/// (contrib/hangwatch-taskprolog.sh spells the same name).
+fn beat_socket(dir: &Path, step: &StepOnNode) -> PathBuf {
+    dir.join(format!(
+        "{}.{}@{}.sock",
+        step.job_id,
+        step.step,
+        step.node.as_deref().unwrap_or("node")
+    ))
+}
+
+/// Watchers that ended: what they decided, and for a hung job under abort, the job ended through Slurm.
+fn reap(watchers: &mut BTreeMap<StepKey, Watcher>, keys: &HostedKeys) {
+    let ended: Vec<StepKey> = watchers
+        .iter_mut()
+        .filter_map(|(key, w)| match w.child.try_wait() {
+            Ok(Some(_)) | Err(_) => Some(key.clone()),
+            Ok(None) => None,
+        })
+        .collect();
+    for key in ended {
+        let Some(mut watcher) = watchers.remove(&key) else {
+            continue;
+        };
+        let code = watcher.child.wait().ok().and_then(|s| s.code());
+        let name = watcher.step.name();
+        if let Some(token) = watcher.token_file.take() {
+            let _ = std::fs::remove_file(token);
+            keys.forget(&watcher.step.job_id, &watcher.step.step);
+        }
+        if let Some(uid) = watcher.step.uid {
+            give_to(&watcher.report_dir, uid);
+        }
+        if code == Some(EXIT_HUNG) {
+            let job_id = watcher.step.job_id.clone();
+            // Its verdict, then Slurm's commands, each under a deadline: in a worker, never in the loop.
+            let acted = std::thread::Builder::new()
+                .name("hw-node-act".into())
+                .spawn(move || after_hang(&name, watcher));
+            if let Err(e) = acted {
+                say(format!(
+                    "hangwatch node: error: cannot act on the hang of job {job_id}: {e}"
+                ));
+            }
+        } else {
+            // A line per step in the service's journal: a watcher that ended early says so here.
+            say(format!(
+                "hangwatch node: stopped watching step {name} (its watcher exited with {})",
+                code.map_or("a signal".into(), |c| format!("code {c}"))
+            ));
+        }
+    }
+}
+
+/// How long the watcher's verdict may take to arrive once it exited: its stdout closes with it, unless a child it
+/// left behind (stuck in D) still holds the pipe; then the hang is acted on without the verdict's words.
+const VERDICT_WAIT: Duration = Duration::from_secs(2);
+
+/// A watcher that ended a hung step: says its verdict, and under abort ends the job through Slurm and drains the
+/// node when a rank could not be killed.
+fn after_hang(name: &str, watcher: Watcher) {
+    let verdict: Option<Verdict> = watcher
+        .stdout
+        .recv_timeout(VERDICT_WAIT)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+    let summary = verdict.as_ref().map(|v| v.summary.as_str());
+    say(format!(
+        "hangwatch node: step {name} hung: {}",
+        summary.unwrap_or("(no verdict)")
+    ));
+    if watcher.action != NodeAction::Abort {
+        return;
+    }
+    end_job_through_slurm(&watcher.step.job_id, summary);
+    let unkillable = verdict.as_ref().map(unkillable_ranks).unwrap_or_default();
+    if !unkillable.is_empty() {
+        drain_node(watcher.step.node.as_deref(), &unkillable, summary);
+    }
+}
+
+/// The ranks the watcher could not kill (still in D after SIGKILL), from its verdict's actions.
+fn unkillable_ranks(verdict: &Verdict) -> Vec<u32> {
+    verdict
+        .actions
+        .iter()
+        .filter(|a| a.action == "unkillable")
+        .flat_map(|a| a.ranks.iter().copied())
+        .collect()
+}
+
+/// The reason a drained node carries: who could not be killed and why, short enough for `sinfo -R`.
+fn drain_reason(ranks: &[u32], summary: Option<&str>) -> String {
+    let reason = format!(
+        "hangwatch: {} unkillable after the job was ended; {}",
+        hangwatch_model::ranks_words(ranks),
+        summary.unwrap_or("see the job's AdminComment")
+    );
+    reason
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(250)
+        .collect()
+}
+
+/// A rank that no signal ends holds its node (its memory, its GPUs, the mount): the node is drained, with why,
+/// so that no new job lands on it until an admin has looked (`scontrol update State=RESUME` after a reboot).
+fn drain_node(node: Option<&str>, ranks: &[u32], summary: Option<&str>) {
+    let Some(node) = node else {
+        say(format!(
+            "hangwatch node: warning: {} could not be killed, but the step's node name is unknown: not drained",
+            hangwatch_model::ranks_words(ranks)
+        ));
+        return;
+    };
+    let mut drain = hangwatch_child::external_command("scontrol");
+    drain
+        .arg("update")
+        .arg(format!("NodeName={node}"))
+        .arg("State=DRAIN")
+        .arg(format!("Reason={}", drain_reason(ranks, summary)));
+    if run_slurm(drain, "scontrol update State=DRAIN") {
+        say(format!(
+            "hangwatch node: node {node} drained: {} could not be killed",
+            hangwatch_model::ranks_words(ranks)
+        ));
+    }
+}
+
+/// Hands the step's evidence to the job's owner (a node-local directory hangwatch made: no filesystem to wait on).
+fn give_to(dir: &Path, uid: u32) {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        if let Err(e) = std::os::unix::fs::lchown(&path, Some(uid), None) {
+            tracing::debug!(path = %path.display(), error = %e, "cannot give evidence to its owner");
+        }
+        if let Ok(entries) = std::fs::read_dir(&path) {
+            stack.extend(
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir() || t.is_file()))
+                    .map(|e| e.path()),
+            );
+        }
+    }
+}
+
+/// `scontrol update AdminComment=...` (the verdict, for `sacct` and the admins) then `scancel`: the job's state
+/// says it was cancelled, not that it failed by itself. Each under a deadline, started so that a blocked exec
+/// cannot hold the service.
+fn end_job_through_slurm(job_id: &str, summary: Option<&str>) {
+    let comment = format!(
+        "hangwatch: {}",
+        summary.unwrap_or("hung; ended by the node service")
+    );
+    let comment: String = comment
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(900)
+        .collect();
+    let mut update = hangwatch_child::external_command("scontrol");
+    update
+        .arg("update")
+        .arg(format!("JobId={job_id}"))
+        .arg(format!("AdminComment={comment}"));
+    run_slurm(update, "scontrol update");
+    let mut cancel = hangwatch_child::external_command("scancel");
+    cancel.arg(job_id);
+    if run_slurm(cancel, "scancel") {
+        say(format!(
+            "hangwatch node: job {job_id} cancelled through Slurm"
+        ));
+    }
+}
+
+fn run_slurm(command: Command, what: &str) -> bool {
+    match hangwatch_child::run_with_deadline(command, Duration::from_secs(15)) {
+        Ok(hangwatch_child::ChildOutcome::Finished { status, .. }) if status.success() => true,
+        Ok(hangwatch_child::ChildOutcome::Finished { status, stderr, .. }) => {
+            say(format!(
+                "hangwatch node: warning: {what} failed ({status}): {}",
+                String::from_utf8_lossy(&stderr).trim()
+            ));
+            false
+        }
+        Ok(hangwatch_child::ChildOutcome::TimedOut { .. }) => {
+            say(format!(
+                "hangwatch node: warning: {what} did not answer within 15 s"
+            ));
+            false
+        }
+        Err(e) => {
+            say(format!("hangwatch node: warning: cannot run {what}: {e}"));
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(tasks: Vec<i32>, expected: Option<usize>) -> StepOnNode {
+        StepOnNode {
+            job_id: "7".into(),
+            step: "0".into(),
+            node: Some("n1".into()),
+            uid: Some(1000),
+            slurmstepd: 100,
+            tasks,
+            tasks_expected: expected,
+            nodes: Vec::new(),
+            node_index: None,
+            ranks: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_step_is_watched_once_all_its_tasks_here_have_started_or_the_grace_is_over() {
+        let t0 = Instant::now();
+        let soon = t0 + Duration::from_secs(2);
+        let late = t0 + TASKS_START_GRACE;
+        assert_eq!(
+            when_to_watch(&step(vec![11], Some(2)), t0, soon),
+            WhenToWatch::Later
+        );
+        assert_eq!(
+            when_to_watch(&step(vec![11, 12], Some(2)), t0, soon),
+            WhenToWatch::Now
+        );
+        assert_eq!(
+            when_to_watch(&step(vec![11], Some(2)), t0, late),
+            WhenToWatch::NowWithoutSome
+        );
+        // Slurm did not say how many: no reason to wait.
+        assert_eq!(
+            when_to_watch(&step(vec![11], None), t0, t0),
+            WhenToWatch::Now
+        );
+    }
+
+    #[test]
+    fn the_ranks_that_stayed_unkillable_drain_the_node_with_why() {
+        let mut verdict = Verdict::unknown("rank 0 is in D in write() on /gpfs/x");
+        verdict.actions = vec![
+            hangwatch_model::ActionRecord {
+                action: "terminate".into(),
+                ranks: vec![0, 1],
+                ok: true,
+                detail: None,
+                outcomes: Vec::new(),
+            },
+            hangwatch_model::ActionRecord {
+                action: "unkillable".into(),
+                ranks: vec![0],
+                ok: false,
+                detail: None,
+                outcomes: Vec::new(),
+            },
+        ];
+        assert_eq!(unkillable_ranks(&verdict), [0]);
+        assert_eq!(
+            drain_reason(&[0], Some("rank 0 is in D\nin write()")),
+            "hangwatch: rank 0 unkillable after the job was ended; rank 0 is in Din write()"
+        );
+        assert!(drain_reason(&[0], Some(&"x".repeat(1000))).chars().count() <= 250);
+    }
+
+    #[test]
+    fn a_job_may_ask_for_less_than_the_site_never_more() {
+        assert_eq!(
+            action_for_job(NodeAction::Abort, Some("observe")),
+            NodeAction::Observe
+        );
+        assert_eq!(
+            action_for_job(NodeAction::Observe, Some("abort")),
+            NodeAction::Observe
+        );
+        assert_eq!(action_for_job(NodeAction::Abort, None), NodeAction::Abort);
+        assert_eq!(
+            action_for_job(NodeAction::Abort, Some("requeue")),
+            NodeAction::Abort
+        );
+    }
+}
