@@ -9,8 +9,8 @@ use hangwatch_agent::human::say;
 use hangwatch_alert::{Alert, Alerter, Limits, Stage, Targets};
 use hangwatch_model::{unix_now, Verdict};
 
-use crate::duration::parse_nonzero_duration;
 use crate::exit::usage;
+use hangwatch_model::parse_nonzero_duration;
 
 /// How long the exit waits for alerts still in flight: long enough for a retry or two, short enough for a
 /// scheduler's kill timeout (Slurm's KillWait is 30 s by default).

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use hangwatch_fleet::{FleetTarget, UrlSources, URL_ENV};
 
-use crate::duration::parse_duration;
 use crate::exit::usage;
+use hangwatch_model::parse_duration;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct FleetArgs {

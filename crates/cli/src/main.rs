@@ -5,7 +5,6 @@
 
 mod alerts;
 mod commands;
-mod duration;
 mod exit;
 mod fleet;
 mod output;

@@ -9,6 +9,7 @@ pub mod credentials;
 pub mod db;
 pub mod incident;
 pub mod record;
+pub mod table;
 pub mod target;
 
 use std::time::Duration;

@@ -6,6 +6,7 @@
 pub mod db;
 pub mod fingerprint;
 pub mod request;
+pub mod table;
 
 pub use db::{
     CauseSummary, HistoryDb, HistoryEntry, HistoryError, NewEntry, PendingVerdict, Query, Recorded,

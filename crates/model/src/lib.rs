@@ -7,6 +7,7 @@ mod alerting;
 mod clock;
 mod collectives;
 mod death;
+mod durations;
 mod errors;
 pub mod exit;
 mod interned;
@@ -29,6 +30,7 @@ pub use collectives::{
     CollectiveState, FlightRecorderError, GroupRecord, MAX_FLIGHT_RECORDER_DUMP_BYTES,
 };
 pub use death::RankDeath;
+pub use durations::{parse_duration, parse_nonzero_duration, parse_since};
 pub use errors::error_chain;
 pub use interned::intern;
 pub use node::*;

@@ -14,8 +14,8 @@ use hangwatch_coordinator::hosted::Serving;
 use hangwatch_coordinator::{Config, Coordinator, JobEnding, SuperviseOptions};
 use hangwatch_metrics::CoordinatorMetrics;
 
-use crate::duration::parse_nonzero_duration;
 use crate::exit::usage;
+use hangwatch_model::parse_nonzero_duration;
 use hangwatch_run::job_events::{self, JobAlerts};
 
 #[derive(Debug, clap::Args)]

@@ -16,8 +16,8 @@ use hangwatch_agent::supervise::{run as supervise, OnHang, RunConfig, EXIT_HUNG}
 use hangwatch_diagnosis::DetectorConfig;
 use hangwatch_model::VerdictKind;
 
-use crate::duration::{parse_duration, parse_nonzero_duration};
 use crate::exit::usage;
+use hangwatch_model::{parse_duration, parse_nonzero_duration};
 
 /// The demo job's rank: compute, rank 0 logs, a barrier (written for a reader: it is what a user of the demo
 /// sees; the system tests' richer stand-in is tests/python/rank.py).

@@ -14,8 +14,8 @@ use hangwatch_inspect::rollcall::{
 };
 use hangwatch_proc::ProcFs;
 
-use crate::duration::{format_duration, parse_nonzero_duration};
 use crate::exit::usage;
+use hangwatch_model::{format_duration, parse_nonzero_duration};
 
 /// Roll call of the rank processes: `--pid` names them, `--tree` finds them below a launcher.
 #[derive(Debug, clap::Args)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hangwatch_agent::human::say;
 use hangwatch_fleet::{FleetCause, FleetDb, FleetEntry, FleetMount, FleetQuery, ProcessEnv};
-use hangwatch_history::{utc_time, CauseSummary, HistoryDb, HistoryEntry, Query};
+use hangwatch_history::{CauseSummary, HistoryDb, HistoryEntry, Query};
 use serde::Serialize;
 use std::io::Write;
 
@@ -61,7 +61,7 @@ struct HistoryDocument {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let now = now_unix_s();
     let since_unix_s = match &args.since {
-        Some(text) => Some(parse_since(text, now).map_err(usage)?),
+        Some(text) => Some(hangwatch_model::parse_since(text, now).map_err(usage)?),
         None => None,
     };
     let query = Query {
@@ -121,121 +121,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let table = match (&doc.verdicts, &doc.causes) {
-        (_, Some(causes)) => cause_table(causes),
-        (Some(verdicts), None) => verdict_table(verdicts),
+        (_, Some(causes)) => hangwatch_history::table::cause_table(causes),
+        (Some(verdicts), None) => hangwatch_history::table::verdict_table(verdicts),
         (None, None) => String::new(),
     };
     say(format!("{table}database: {}", path.display()));
     Ok(ExitCode::SUCCESS)
-}
-
-fn verdict_table(entries: &[HistoryEntry]) -> String {
-    let rows: Vec<Vec<String>> = entries
-        .iter()
-        .map(|e| {
-            let nodes = if e.culprit_nodes.is_empty() {
-                e.node.clone()
-            } else {
-                e.culprit_nodes.join(",")
-            };
-            vec![
-                e.at.clone(),
-                nodes,
-                e.kind.as_str().to_string(),
-                e.cause.clone(),
-                format!("x{}", e.count),
-                e.bundle
-                    .as_deref()
-                    .map_or("-".to_string(), |b| b.display().to_string()),
-            ]
-        })
-        .collect();
-    render_table(&["WHEN", "NODE", "KIND", "CAUSE", "SEEN", "BUNDLE"], &rows)
-}
-
-fn cause_table(causes: &[CauseSummary]) -> String {
-    let rows: Vec<Vec<String>> = causes
-        .iter()
-        .map(|c| {
-            vec![
-                format!("x{}", c.count),
-                c.fields.kind.as_str().to_string(),
-                c.cause.clone(),
-                c.nodes.join(","),
-                utc_time(c.first_at_unix_s),
-                utc_time(c.last_at_unix_s),
-            ]
-        })
-        .collect();
-    render_table(&["SEEN", "KIND", "CAUSE", "NODES", "FIRST", "LAST"], &rows)
-}
-
-/// Left-aligned columns two spaces apart; the last column is not padded.
-fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let last = cells.len().saturating_sub(1);
-        let mut text = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i == last {
-                text.push_str(cell);
-            } else {
-                text.push_str(&format!("{cell:<w$}  "));
-            }
-        }
-        text.push('\n');
-        text
-    };
-    let mut out = line(header.to_vec());
-    for row in rows {
-        out.push_str(&line(row.iter().map(String::as_str).collect()));
-    }
-    out
-}
-
-/// The start of the `--since` window, in seconds since the epoch: `now` minus a duration (`7d`, `2w`, and what
-/// `--stall-after` takes: `24h`, `30m`), or a date (`2026-11-30`, `2026-11-30T08:00:00Z`).
-fn parse_since(text: &str, now_unix_s: f64) -> Result<f64, String> {
-    let t = text.trim();
-    if let Some(back) = days_or_weeks(t) {
-        return Ok(now_unix_s - back.as_secs_f64());
-    }
-    if t.starts_with(|c: char| c.is_ascii_digit()) && !t.contains('-') {
-        return crate::duration::parse_duration(t)
-            .map(|back| now_unix_s - back.as_secs_f64())
-            .map_err(|e| {
-                format!("--since: {e}; days and weeks work too (7d, 2w), or a date (2026-11-30)")
-            });
-    }
-    let full = if t.len() == 10 {
-        format!("{t}T00:00:00Z")
-    } else {
-        t.to_string()
-    };
-    full.parse::<hangwatch_model::WallTime>()
-        .ok()
-        .and_then(|w| w.to_unix_s())
-        .ok_or_else(|| {
-            format!("--since {text:?} is neither a time back from now (7d, 24h, 30m) nor a date (2026-11-30 or 2026-11-30T08:00:00Z)")
-        })
-}
-
-/// `7d`, `2w`, `1.5d`: the units `parse_duration` leaves out (a stall is never days long; a history window is).
-fn days_or_weeks(t: &str) -> Option<Duration> {
-    let (number, unit) = t.split_at(t.find(|c: char| !(c.is_ascii_digit() || c == '.'))?);
-    let per = match unit {
-        "d" | "day" | "days" => 86_400.0,
-        "w" | "week" | "weeks" => 7.0 * 86_400.0,
-        _ => return None,
-    };
-    let value: f64 = number.parse().ok()?;
-    let secs = value * per;
-    (secs.is_finite() && (0.0..1.0e10).contains(&secs)).then(|| Duration::from_secs_f64(secs))
 }
 
 fn now_unix_s() -> f64 {
@@ -288,7 +179,7 @@ fn run_fleet(args: &Args, query: Query) -> anyhow::Result<ExitCode> {
     let doc = hangwatch_fleet::within(FLEET_TIMEOUT, read).ok_or_else(|| {
         anyhow::anyhow!(
             "the fleet database ({}) did not answer within {}s",
-            redacted(&url),
+            hangwatch_fleet::table::redacted(&url),
             FLEET_TIMEOUT.as_secs()
         )
     })??;
@@ -297,9 +188,9 @@ fn run_fleet(args: &Args, query: Query) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let table = match (&doc.verdicts, &doc.causes, &doc.mounts) {
-        (Some(v), _, _) if !v.is_empty() => fleet_verdict_table(v),
-        (_, Some(c), _) if !c.is_empty() => fleet_cause_table(c),
-        (_, _, Some(m)) if !m.is_empty() => fleet_mount_table(m),
+        (Some(v), _, _) if !v.is_empty() => hangwatch_fleet::table::verdict_table(v),
+        (_, Some(c), _) if !c.is_empty() => hangwatch_fleet::table::cause_table(c),
+        (_, _, Some(m)) if !m.is_empty() => hangwatch_fleet::table::mount_table(m),
         _ => {
             let window = args
                 .since
@@ -315,86 +206,6 @@ fn run_fleet(args: &Args, query: Query) -> anyhow::Result<ExitCode> {
     };
     say(format!("{table}database: {}", doc.database));
     Ok(ExitCode::SUCCESS)
-}
-
-/// The URL for a message: only what comes before its user part's password is never printed.
-fn redacted(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((user, host)) => {
-                let user = user.split(':').next().unwrap_or_default();
-                format!("{scheme}://{user}@{host}")
-            }
-            None => url.to_string(),
-        },
-        None => "the URL given".to_string(),
-    }
-}
-
-fn fleet_verdict_table(entries: &[FleetEntry]) -> String {
-    let rows: Vec<Vec<String>> = entries
-        .iter()
-        .map(|e| {
-            let nodes = if e.culprit_nodes.is_empty() {
-                e.node.clone()
-            } else {
-                e.culprit_nodes.join(",")
-            };
-            vec![
-                e.at.clone(),
-                nodes,
-                e.job_id.clone().unwrap_or_else(|| "-".into()),
-                e.kind.as_str().to_string(),
-                e.cause.clone(),
-                format!("x{}", e.count),
-            ]
-        })
-        .collect();
-    render_table(&["WHEN", "NODE", "JOB", "KIND", "CAUSE", "SEEN"], &rows)
-}
-
-fn fleet_cause_table(causes: &[FleetCause]) -> String {
-    let rows: Vec<Vec<String>> = causes
-        .iter()
-        .map(|c| {
-            vec![
-                format!("x{}", c.count),
-                c.jobs.to_string(),
-                c.fields.kind.as_str().to_string(),
-                c.cause.clone(),
-                c.nodes.join(","),
-                utc_time(c.first_at_unix_s),
-                utc_time(c.last_at_unix_s),
-            ]
-        })
-        .collect();
-    render_table(
-        &["SEEN", "JOBS", "KIND", "CAUSE", "NODES", "FIRST", "LAST"],
-        &rows,
-    )
-}
-
-fn fleet_mount_table(mounts: &[FleetMount]) -> String {
-    let rows: Vec<Vec<String>> = mounts
-        .iter()
-        .map(|m| {
-            vec![
-                m.mount_point.clone(),
-                m.fstype.clone().unwrap_or_else(|| "-".into()),
-                format!("x{}", m.count),
-                m.jobs.to_string(),
-                m.nodes.join(","),
-                utc_time(m.first_at_unix_s),
-                utc_time(m.last_at_unix_s),
-            ]
-        })
-        .collect();
-    render_table(
-        &[
-            "MOUNT", "FSTYPE", "BLOCKED", "JOBS", "NODES", "FIRST", "LAST",
-        ],
-        &rows,
-    )
 }
 
 /// `hangwatch __record-history --db PATH`: a history request (JSON) on stdin; one recurrence (JSON) a line on
@@ -436,45 +247,4 @@ fn print_line<T: Serialize>(value: &T) -> anyhow::Result<()> {
     stdout.write_all(&line)?;
     stdout.flush()?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const NOW: f64 = 1_796_135_234.0;
-
-    #[test]
-    fn since_takes_days_hours_and_dates() {
-        assert_eq!(parse_since("7d", NOW), Ok(NOW - 7.0 * 86_400.0));
-        assert_eq!(parse_since("2w", NOW), Ok(NOW - 14.0 * 86_400.0));
-        assert_eq!(parse_since("24h", NOW), Ok(NOW - 86_400.0));
-        assert_eq!(parse_since("30m", NOW), Ok(NOW - 1800.0));
-        assert_eq!(parse_since("2026-11-30", NOW), Ok(1_795_996_800.0));
-        assert_eq!(
-            parse_since("2026-11-30T08:10:00Z", NOW),
-            Ok(1_796_026_200.0)
-        );
-        assert_eq!(
-            parse_since("2026-11-30T09:10:00+01:00", NOW),
-            parse_since("2026-11-30T08:10:00Z", NOW)
-        );
-    }
-
-    #[test]
-    fn since_refuses_garbage_with_examples() {
-        for bad in ["soon", "3y", "2026-13-01", "yesterday"] {
-            let err = parse_since(bad, NOW).unwrap_err();
-            assert!(
-                err.contains("7d") && err.contains("2026-11-30"),
-                "{bad}: {err}"
-            );
-        }
-    }
-
-    #[test]
-    fn the_table_aligns_columns() {
-        let table = render_table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]);
-        assert_eq!(table, "A    BB\nxyz  1\n");
-    }
 }

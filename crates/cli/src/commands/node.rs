@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hangwatch_node::{NodeAction, Settings};
 
-use crate::duration::parse_nonzero_duration;
+use hangwatch_model::parse_nonzero_duration;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\

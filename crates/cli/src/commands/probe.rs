@@ -11,8 +11,8 @@ use hangwatch_inspect::probe::{
 use hangwatch_model::ProbeResult;
 use serde::Serialize;
 
-use crate::duration::parse_nonzero_duration;
 use crate::exit::usage;
+use hangwatch_model::parse_nonzero_duration;
 
 /// Exit code when a filesystem does not respond (or its state cannot be determined).
 const NOT_RESPONDING: u8 = 1;

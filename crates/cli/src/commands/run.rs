@@ -13,8 +13,8 @@ use hangwatch_coordinator::hosted::HostError;
 use hangwatch_diagnosis::DetectorConfig;
 use hangwatch_metrics::{textfile_name, AgentMetrics};
 
-use crate::duration::{parse_duration, parse_nonzero_duration};
 use crate::exit::usage;
+use hangwatch_model::{parse_duration, parse_nonzero_duration};
 use hangwatch_slurm::step::{self as slurm, Placement};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -1,4 +1,6 @@
-//! Durations on the command line: `500ms`, `30s`, `2m`, `1h`, `1.5s`; a bare number means seconds.
+//! Durations and times as people write them on the command line: `500ms`, `30s`, `2m`, `1h`, `1.5s` (a bare
+//! number means seconds), and a window's start as a time back from now (`7d`, `24h`) or a date. How they are
+//! written back is `clock.rs`.
 
 use std::time::Duration;
 
@@ -41,7 +43,45 @@ pub fn parse_nonzero_duration(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-pub use hangwatch_model::format_duration;
+/// The start of the `--since` window, in seconds since the epoch: `now` minus a duration (`7d`, `2w`, and what
+/// `--stall-after` takes: `24h`, `30m`), or a date (`2026-11-30`, `2026-11-30T08:00:00Z`).
+pub fn parse_since(text: &str, now_unix_s: f64) -> Result<f64, String> {
+    let t = text.trim();
+    if let Some(back) = days_or_weeks(t) {
+        return Ok(now_unix_s - back.as_secs_f64());
+    }
+    if t.starts_with(|c: char| c.is_ascii_digit()) && !t.contains('-') {
+        return parse_duration(t)
+            .map(|back| now_unix_s - back.as_secs_f64())
+            .map_err(|e| {
+                format!("--since: {e}; days and weeks work too (7d, 2w), or a date (2026-11-30)")
+            });
+    }
+    let full = if t.len() == 10 {
+        format!("{t}T00:00:00Z")
+    } else {
+        t.to_string()
+    };
+    full.parse::<crate::WallTime>()
+        .ok()
+        .and_then(|w| w.to_unix_s())
+        .ok_or_else(|| {
+            format!("--since {text:?} is neither a time back from now (7d, 24h, 30m) nor a date (2026-11-30 or 2026-11-30T08:00:00Z)")
+        })
+}
+
+/// `7d`, `2w`, `1.5d`: the units `parse_duration` leaves out (a stall is never days long; a history window is).
+fn days_or_weeks(t: &str) -> Option<Duration> {
+    let (number, unit) = t.split_at(t.find(|c: char| !(c.is_ascii_digit() || c == '.'))?);
+    let per = match unit {
+        "d" | "day" | "days" => 86_400.0,
+        "w" | "week" | "weeks" => 7.0 * 86_400.0,
+        _ => return None,
+    };
+    let value: f64 = number.parse().ok()?;
+    let secs = value * per;
+    (secs.is_finite() && (0.0..1.0e10).contains(&secs)).then(|| Duration::from_secs_f64(secs))
+}
 
 #[cfg(test)]
 mod tests {
@@ -79,9 +119,40 @@ mod tests {
 
     #[test]
     fn formats_compactly() {
+        use crate::format_duration;
         assert_eq!(format_duration(Duration::from_millis(300)), "300ms");
         assert_eq!(format_duration(Duration::from_secs(2)), "2s");
         assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
         assert_eq!(format_duration(Duration::from_secs(600)), "10m");
+    }
+
+    const NOW: f64 = 1_796_135_234.0;
+
+    #[test]
+    fn since_takes_days_hours_and_dates() {
+        assert_eq!(parse_since("7d", NOW), Ok(NOW - 7.0 * 86_400.0));
+        assert_eq!(parse_since("2w", NOW), Ok(NOW - 14.0 * 86_400.0));
+        assert_eq!(parse_since("24h", NOW), Ok(NOW - 86_400.0));
+        assert_eq!(parse_since("30m", NOW), Ok(NOW - 1800.0));
+        assert_eq!(parse_since("2026-11-30", NOW), Ok(1_795_996_800.0));
+        assert_eq!(
+            parse_since("2026-11-30T08:10:00Z", NOW),
+            Ok(1_796_026_200.0)
+        );
+        assert_eq!(
+            parse_since("2026-11-30T09:10:00+01:00", NOW),
+            parse_since("2026-11-30T08:10:00Z", NOW)
+        );
+    }
+
+    #[test]
+    fn since_refuses_garbage_with_examples() {
+        for bad in ["soon", "3y", "2026-13-01", "yesterday"] {
+            let err = parse_since(bad, NOW).unwrap_err();
+            assert!(
+                err.contains("7d") && err.contains("2026-11-30"),
+                "{bad}: {err}"
+            );
+        }
     }
 }

@@ -1,0 +1,85 @@
+//! The history's rows as the terminal table `hangwatch history` prints: left-aligned columns, the last unpadded.
+
+use crate::{utc_time, CauseSummary, HistoryEntry};
+
+/// Left-aligned columns two spaces apart; the last column is not padded.
+pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len().saturating_sub(1);
+        let mut text = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i == last {
+                text.push_str(cell);
+            } else {
+                text.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        text.push('\n');
+        text
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// The verdicts, newest first as given.
+pub fn verdict_table(entries: &[HistoryEntry]) -> String {
+    let rows: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            let nodes = if e.culprit_nodes.is_empty() {
+                e.node.clone()
+            } else {
+                e.culprit_nodes.join(",")
+            };
+            vec![
+                e.at.clone(),
+                nodes,
+                e.kind.as_str().to_string(),
+                e.cause.clone(),
+                format!("x{}", e.count),
+                e.bundle
+                    .as_deref()
+                    .map_or("-".to_string(), |b| b.display().to_string()),
+            ]
+        })
+        .collect();
+    render_table(&["WHEN", "NODE", "KIND", "CAUSE", "SEEN", "BUNDLE"], &rows)
+}
+
+/// Each cause with how often it was seen, where, first and last.
+pub fn cause_table(causes: &[CauseSummary]) -> String {
+    let rows: Vec<Vec<String>> = causes
+        .iter()
+        .map(|c| {
+            vec![
+                format!("x{}", c.count),
+                c.fields.kind.as_str().to_string(),
+                c.cause.clone(),
+                c.nodes.join(","),
+                utc_time(c.first_at_unix_s),
+                utc_time(c.last_at_unix_s),
+            ]
+        })
+        .collect();
+    render_table(&["SEEN", "KIND", "CAUSE", "NODES", "FIRST", "LAST"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_aligns_columns() {
+        let table = render_table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(table, "A    BB\nxyz  1\n");
+    }
+}
