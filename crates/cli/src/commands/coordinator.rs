@@ -55,7 +55,7 @@ pub struct Args {
     #[command(flatten)]
     alerts: crate::alerts::AlertArgs,
     /// Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, or :PORT for every interface (docs/metrics.md).
-    #[arg(long, value_name = "ADDR", value_parser = crate::commands::metrics::parse_metrics_addr)]
+    #[arg(long, value_name = "ADDR", value_parser = hangwatch_run::metrics::parse_metrics_addr)]
     metrics: Option<SocketAddr>,
 }
 
@@ -63,7 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // The agents' own rule (`run`): --job-id, else the Slurm job's id, else `job`.
     let job_id =
         hangwatch_slurm::step::job_id_or_default(args.job_id.as_deref(), |k| std::env::var(k).ok());
-    let secret = crate::secret::read_job_secret(&args.token_file, &job_id)?;
+    let secret = hangwatch_run::secret::read_job_secret(&args.token_file, &job_id)?;
     let alerter = std::sync::Arc::new(args.alerts.alerter()?);
     // Held open (and locked) while the coordinator runs.
     let report = hangwatch_run::dirs::open_report_dir(args.report_dir.as_deref(), "coordinator")
@@ -80,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Arc::clone(&metrics),
         Arc::clone(&metrics),
     );
-    crate::alerts::count_deliveries(
+    hangwatch_run::alerts::count_deliveries(
         &alerter,
         move |t| sent.alert_sent(t),
         move |t| failed.alert_failed(t),
@@ -121,7 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             job_events::say_events(events, job_events::WHO, keep, alerts, said)
         });
         let _metrics_server = match args.metrics {
-            Some(addr) => Some(crate::commands::metrics::serve(
+            Some(addr) => Some(hangwatch_run::metrics::serve(
                 "hangwatch coordinator",
                 addr,
                 job_events::exposition(serving.coordinator(), &metrics, args.nnodes),
@@ -143,7 +143,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         });
         anyhow::Ok(ending.unwrap_or_default())
     })?;
-    crate::alerts::finish(&alerter, &report_dir);
+    hangwatch_run::alerts::finish(&alerter, &report_dir);
     if args.json {
         print_ending(&ending)?;
     }

@@ -123,7 +123,7 @@ pub struct Args {
     #[command(flatten)]
     alerts: crate::alerts::AlertArgs,
     /// Serve Prometheus metrics at http://ADDR/metrics: HOST:PORT, or :PORT for every interface (docs/metrics.md).
-    #[arg(long, value_name = "ADDR", value_parser = crate::commands::metrics::parse_metrics_addr)]
+    #[arg(long, value_name = "ADDR", value_parser = hangwatch_run::metrics::parse_metrics_addr)]
     metrics: Option<std::net::SocketAddr>,
     /// Also write the metrics for node_exporter's textfile collector into DIR (its
     /// --collector.textfile.directory): hangwatch_<job id>_<node>.prom, every 15 s and at the end (job_up 0).
@@ -285,7 +285,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let alerter = std::sync::Arc::new(args.alerts.alerter()?);
     if let Some(dir) = &args.metrics_textfile {
-        crate::commands::metrics::check_textfile_dir(dir)?;
+        hangwatch_run::metrics::check_textfile_dir(dir)?;
     }
     let rotation = hangwatch_logsink::Rotation::new(args.log_max_size, args.log_keep)
         .map_err(|e| usage(format!("--log-keep 0: {e}")))?;
@@ -296,13 +296,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     crate::commands::doctor::say_startup_warnings(&report_dir, args.log_file.as_deref());
 
     let sink = match &args.log_file {
-        Some(path) => Some(crate::commands::log_sink::open(
+        Some(path) => Some(hangwatch_run::log_sink::open(
             path,
             &report_dir,
             false,
             rotation,
         )?),
-        None => Some(crate::commands::log_sink::open(
+        None => Some(hangwatch_run::log_sink::open(
             &report_dir.join("output.log"),
             &report_dir,
             true,
@@ -319,7 +319,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Arc::clone(metrics),
             Arc::clone(metrics),
         );
-        crate::alerts::count_deliveries(
+        hangwatch_run::alerts::count_deliveries(
             &alerter,
             move |t| sent.alert_sent(t),
             move |t| failed.alert_failed(t),
@@ -407,7 +407,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let metrics_outlets = match agent_metrics {
-        Some(metrics) => Some(crate::commands::metrics::AgentOutlets::start(
+        Some(metrics) => Some(hangwatch_run::metrics::AgentOutlets::start(
             metrics,
             args.metrics,
             hosted.as_ref().map(|h| h.metrics()),
@@ -419,7 +419,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     // From here on, hangwatch's own output must not block on a frozen file (usage errors above were printed
     // directly, while nothing had started).
-    let own_output = crate::commands::own_output::protect(&report_dir);
+    let own_output = hangwatch_run::own_output::protect(&report_dir);
     if let Some(what) = hangwatch_child::detach_from_binary_filesystem() {
         tracing::info!("{what}");
     }
@@ -479,12 +479,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     .as_ref()
                     .filter(|_| coordination.is_none() || requeued)
                 {
-                    let context = crate::alerts::AlertContext {
+                    let context = hangwatch_run::alerts::AlertContext {
                         job: Some(&job_id),
                         node: node_name.as_deref(),
                         report_dir: &report_dir,
                     };
-                    crate::alerts::send_acted(&alerter, verdict, &context);
+                    hangwatch_run::alerts::send_acted(&alerter, verdict, &context);
                 }
                 code
             }
@@ -498,7 +498,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         // The other nodes may still be ending their ranks on its order: let them leave first (bounded).
         hosted.finish(args.grace + Duration::from_secs(10));
     }
-    crate::alerts::finish(&alerter, &report_dir);
+    hangwatch_run::alerts::finish(&alerter, &report_dir);
     // Last: the final metrics count the alerts that finished above.
     if let Some(outlets) = metrics_outlets {
         outlets.finish();
@@ -644,7 +644,7 @@ fn coordination(
             "the coordinator needs the job's token: give --token-file FILE (the same secret on every node, chmod 600; e.g. `openssl rand -hex 32 > FILE`)",
         ));
     };
-    let secret = crate::secret::read_job_secret(token_file, job_id)?;
+    let secret = hangwatch_run::secret::read_job_secret(token_file, job_id)?;
     let node = node_name
         .map(str::to_string)
         .ok_or_else(|| usage("cannot tell this node's name (no hostname): give --node-name"))?;

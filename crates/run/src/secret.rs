@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Context;
 use hangwatch_rpc::{JobSecret, JobToken};
 
-use crate::exit::usage;
+use crate::usage;
 
 /// The text of `path`, trimmed, or a usage error that says what is wrong and how to fix it. `what` names the
 /// secret in the messages ("token file", "webhook file").

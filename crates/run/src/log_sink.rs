@@ -45,7 +45,7 @@ pub fn open(
     };
     match LogSink::open(dest, options) {
         Ok(sink) => Ok(LogHandle { sink }),
-        Err(e @ OpenError::Destination { .. }) => Err(crate::exit::usage(format!("{e} {hint}"))),
+        Err(e @ OpenError::Destination { .. }) => Err(crate::usage(format!("{e} {hint}"))),
         Err(e) => Err(anyhow::Error::new(e)),
     }
 }

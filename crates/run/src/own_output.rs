@@ -44,7 +44,7 @@ pub fn protect(report_dir: &Path) -> Option<OwnOutput> {
         let options = LogSinkOptions {
             spill_dir: report_dir.to_path_buf(),
             undelivered_path: report_dir.join(format!("hangwatch-{name}-undelivered.txt")),
-            writer: crate::commands::log_sink::writer_command(),
+            writer: crate::log_sink::writer_command(),
             ..LogSinkOptions::default()
         };
         let sink = match LogSink::open(&dest, options) {
