@@ -124,6 +124,26 @@ pub fn write(stream: Stream, bytes: Vec<u8>) -> bool {
     }
 }
 
+/// Why a JSON document did not reach stdout.
+#[derive(Debug, thiserror::Error)]
+pub enum PrintJsonError {
+    #[error("cannot encode the JSON document: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error("stdout is not being read: the JSON document was dropped")]
+    NotRead,
+}
+
+/// Prints one JSON document (pretty, one trailing newline) on stdout through the never-blocking writer; the
+/// process's exit waits for it, bounded.
+pub fn print_json<T: serde::Serialize>(value: &T) -> Result<(), PrintJsonError> {
+    let mut doc = serde_json::to_vec_pretty(value)?;
+    doc.push(b'\n');
+    if !write(Stream::Stdout, doc) {
+        return Err(PrintJsonError::NotRead);
+    }
+    Ok(())
+}
+
 /// Messages dropped so far on `stream` because its reader did not keep up.
 pub fn dropped(stream: Stream) -> u64 {
     writer(stream).map_or(0, |w| w.dropped.load(Ordering::Relaxed))

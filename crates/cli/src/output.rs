@@ -1,7 +1,5 @@
 //! Where output goes: human text and logs on stderr, exactly one JSON document on stdout with `--json`.
 
-use std::io::Write;
-
 use tracing_subscriber::EnvFilter;
 
 /// Logs go to stderr, filtered by `HANGWATCH_LOG` or the `-v` count.
@@ -22,12 +20,7 @@ pub fn init_tracing(verbose: u8) {
         .try_init();
 }
 
-/// Prints one JSON document on stdout (through the never-blocking writer; `main` waits for it, bounded).
+/// Prints one JSON document on stdout (`hangwatch_agent::human::print_json`).
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
-    let mut doc = serde_json::to_vec_pretty(value)?;
-    doc.write_all(b"\n")?;
-    if !hangwatch_agent::human::write(hangwatch_agent::human::Stream::Stdout, doc) {
-        anyhow::bail!("stdout is not being read: the JSON document was dropped");
-    }
-    Ok(())
+    Ok(hangwatch_agent::human::print_json(value)?)
 }

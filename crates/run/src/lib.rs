@@ -4,6 +4,7 @@
 //! (`hangwatch_agent`) decides; this crate is the I/O around one run that is not the loop's.
 
 pub mod alerts;
+pub mod attempt;
 pub mod dirs;
 pub mod job_events;
 pub mod log_sink;

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use hangwatch_agent::human::say;
 use hangwatch_agent::launch::{check_program, LaunchSpec};
-use hangwatch_agent::supervise::{run as supervise, OnHang, RunConfig, EXIT_HUNG};
-use hangwatch_coordinator::hosted::HostError;
+use hangwatch_agent::supervise::{OnHang, RunConfig};
 use hangwatch_diagnosis::DetectorConfig;
 use hangwatch_metrics::{textfile_name, AgentMetrics};
 
 use crate::exit::usage;
 use hangwatch_model::{parse_duration, parse_nonzero_duration};
+use hangwatch_run::attempt;
 use hangwatch_slurm::step::{self as slurm, Placement};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -234,14 +234,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .as_ref()
         .map(|job| hangwatch_run::requeue::restart_env(job, env))
         .unwrap_or_default();
-    let coordination = coordination(
-        &args,
-        nnodes,
-        node_rank,
-        &master_addr,
-        master_port,
-        &job_id,
-        node_name.as_deref(),
+    let coordination = attempt::coordination(
+        &attempt::CoordinationFlags {
+            coordinator: args.coordinator.as_deref(),
+            host_coordinator: args.host_coordinator,
+            token_file: args.token_file.as_deref(),
+            nproc: args.nproc,
+        },
+        &attempt::Placed {
+            nnodes,
+            node_rank,
+            master_addr: &master_addr,
+            master_port,
+            job_id: &job_id,
+            node_name: node_name.as_deref(),
+        },
     )?;
     if args.attach.is_empty() {
         let program = args
@@ -290,7 +297,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rotation = hangwatch_logsink::Rotation::new(args.log_max_size, args.log_keep)
         .map_err(|e| usage(format!("--log-keep 0: {e}")))?;
     // Held open until the run ends: its lock keeps a concurrent run's pruning away from it.
-    let private_dir = open_report_dir(&args)?;
+    let private_dir = attempt::open_report_dir(args.report_dir.as_deref(), args.keep_runs)?;
     let report_dir = private_dir.path().to_path_buf();
     // Blind or Silent settings (e.g. the report directory on a network filesystem: SPEC promise 4), said now.
     crate::commands::doctor::say_startup_warnings(&report_dir, args.log_file.as_deref());
@@ -340,7 +347,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         python_bootstrap: None,
         beat_socket: args.beat_socket.clone(),
     };
-    let mut config = RunConfig {
+    let config = RunConfig {
         detector: DetectorConfig {
             fixed: args.stall_after,
             floor: args.min_stall,
@@ -368,309 +375,38 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         instrument: !args.no_instrument,
         ..RunConfig::new(launch, report_dir.clone())
     };
-    let activity = hangwatch_agent::supervise::activity_rule(&config.detector);
-    let hosted = match coordination.as_ref().and_then(|c| c.host.as_ref()) {
-        Some((listen, hosted_config)) => {
-            match hangwatch_run::job_events::Hosted::start(
-                *listen,
-                hosted_config.clone(),
-                hangwatch_coordinator::SuperviseOptions {
-                    on_hang: args.action.on_hang(),
-                    activity,
-                    ..hangwatch_coordinator::SuperviseOptions::default()
-                },
-                hangwatch_run::job_events::JobAlerts {
-                    alerter: std::sync::Arc::clone(&alerter),
-                    job: Some(job_id.clone()),
-                    evidence: format!(
-                        "{}:{} (and each node's own report directory)",
-                        node_name.as_deref().unwrap_or("node rank 0"),
-                        report_dir.display()
-                    ),
-                },
-            ) {
-                Ok(hosted) => Some(hosted),
-                Err(why @ HostError::PortTaken { .. }) => {
-                    // Someone else holds the port (it is derived from the job id): the job still runs, each node
-                    // deciding alone; the other nodes refuse whatever listens there, as it cannot prove the job's key.
-                    say(format!(
-                    "hangwatch: warning: cannot host the coordinator: {why}; this job runs with each node deciding alone \
-                     (the other nodes refuse whatever holds that port: it cannot prove the job's key)"
-                ));
-                    config.coordinator = None;
-                    None
-                }
-                Err(e @ HostError::Listen { .. }) => return Err(usage(e.to_string())),
-                Err(e) => return Err(e.into()),
-            }
-        }
-        None => None,
-    };
-    let metrics_outlets = match agent_metrics {
-        Some(metrics) => Some(hangwatch_run::metrics::AgentOutlets::start(
-            metrics,
-            args.metrics,
-            hosted.as_ref().map(|h| h.metrics()),
-            args.metrics_textfile
-                .as_deref()
-                .map(|dir| (dir, textfile_name(&job_id, &metrics_node))),
-        )?),
-        None => None,
-    };
-    // From here on, hangwatch's own output must not block on a frozen file (usage errors above were printed
-    // directly, while nothing had started).
-    let own_output = hangwatch_run::own_output::protect(&report_dir);
-    if let Some(what) = hangwatch_child::detach_from_binary_filesystem() {
-        tracing::info!("{what}");
+    let metrics = agent_metrics.map(|metrics| attempt::MetricsOutput {
+        metrics,
+        listen: args.metrics,
+        textfile: args
+            .metrics_textfile
+            .clone()
+            .map(|dir| (dir, textfile_name(&job_id, &metrics_node))),
+    });
+    let requeue = slurm_job.map(|job| attempt::Requeue {
+        job,
+        previous: previous_attempt,
+        storage_wait: args.storage_wait,
+        max_requeues: args.max_requeues,
+        drain_bad_nodes: args.drain_bad_nodes,
+    });
+    let code = attempt::Attempt {
+        config,
+        on_hang: args.action.on_hang(),
+        report_dir: private_dir,
+        job_id,
+        node_name,
+        node_rank,
+        coordination,
+        alerter,
+        metrics,
+        requeue,
+        sink,
+        json: args.json,
+        grace: args.grace,
     }
-    // An attempt after a storage hang waits for that storage before it starts the job.
-    let storage_gave_up = match (&slurm_job, &previous_attempt) {
-        (Some(job), Some(record)) if !record.mounts.is_empty() => matches!(
-            hangwatch_run::storage_wait::wait_for_storage(
-                &record.mounts,
-                args.storage_wait,
-                |still, waited| {
-                    if let Some(m) = &metrics_outlets {
-                        m.metrics.set_waiting_for_storage(still.is_some());
-                    }
-                    if node_rank == 0 {
-                        hangwatch_run::requeue::note_storage_wait(job, record, still, waited);
-                    }
-                },
-            ),
-            hangwatch_run::storage_wait::StorageWait::GaveUp { .. }
-        ),
-        _ => false,
-    };
-    // Given up on the storage: no job was started, and what was set up (metrics, a hosted coordinator, the
-    // output's protection) ends as after any run.
-    let code = match (!storage_gave_up).then(|| supervise(config)) {
-        None => hangwatch_run::storage_wait::EXIT_STORAGE_GAVE_UP,
-        Some(outcome) => match outcome {
-            Ok(outcome) => {
-                if let Some(sink) = sink {
-                    sink.finish(Duration::from_secs(5));
-                }
-                let code = report(&args, &outcome, &report_dir);
-                let mut acted = outcome.verdict.clone().filter(|_| code == EXIT_HUNG);
-                let code = match (&slurm_job, acted.as_mut()) {
-                    (Some(job), Some(verdict)) if node_rank == 0 => {
-                        let (code, action) = hangwatch_run::requeue::after_hang(
-                            job,
-                            verdict,
-                            previous_attempt.clone(),
-                            outcome.last_step,
-                            args.max_requeues,
-                            args.drain_bad_nodes
-                                && verdict.scope != Some(hangwatch_model::Scope::Filesystem),
-                            &report_dir,
-                        );
-                        verdict.actions.push(action);
-                        code
-                    }
-                    _ => code,
-                };
-                // With a coordinator, the job's alerts are its own (one per job, not one per node); what only node
-                // rank 0 did after it (the requeue) is told here.
-                let requeued = acted
-                    .as_ref()
-                    .is_some_and(|v| v.actions.iter().any(|a| a.action == "requeue"));
-                if let Some(verdict) = acted
-                    .as_ref()
-                    .filter(|_| coordination.is_none() || requeued)
-                {
-                    let context = hangwatch_run::alerts::AlertContext {
-                        job: Some(&job_id),
-                        node: node_name.as_deref(),
-                        report_dir: &report_dir,
-                    };
-                    hangwatch_run::alerts::send_acted(&alerter, verdict, &context);
-                }
-                code
-            }
-            Err(e) => {
-                say(format!("hangwatch: error: {:#}", anyhow::Error::new(e)));
-                1
-            }
-        },
-    };
-    if let Some(hosted) = hosted {
-        // The other nodes may still be ending their ranks on its order: let them leave first (bounded).
-        hosted.finish(args.grace + Duration::from_secs(10));
-    }
-    hangwatch_run::alerts::finish(&alerter, &report_dir);
-    // Last: the final metrics count the alerts that finished above.
-    if let Some(outlets) = metrics_outlets {
-        outlets.finish();
-    }
-    if let Some(own) = own_output {
-        // What hangwatch said last must reach the redirected stream before it is closed.
-        hangwatch_agent::human::flush(Duration::from_secs(3));
-        own.finish(Duration::from_secs(3));
-    }
-    drop(private_dir);
+    .run()?;
     Ok(ExitCode::from(
         u8::try_from(code.clamp(0, 255)).unwrap_or(1),
     ))
-}
-
-/// Prints the JSON document (with `--json`) and the closing line; returns the exit code.
-fn report(
-    args: &Args,
-    outcome: &hangwatch_agent::supervise::RunOutcome,
-    report_dir: &std::path::Path,
-) -> i32 {
-    if args.json {
-        let doc = match &outcome.verdict {
-            Some(verdict) => serde_json::to_value(verdict).map(|mut doc| {
-                doc["exit_code"] = outcome.exit_code.into();
-                doc["report_dir"] = report_dir.display().to_string().into();
-                doc
-            }),
-            None => Ok(serde_json::json!({
-                "version": 1,
-                "hang": false,
-                "exit_code": outcome.exit_code,
-                "report_dir": report_dir.display().to_string(),
-            })),
-        };
-        if let Err(e) = doc
-            .map_err(anyhow::Error::from)
-            .and_then(|d| crate::output::print_json(&d))
-        {
-            say(format!(
-                "hangwatch: error: cannot print the JSON document: {e:#}"
-            ));
-            return 1;
-        }
-    }
-    if outcome.exit_code == hangwatch_agent::supervise::EXIT_HUNG {
-        say(format!(
-            "hangwatch: the job hung and was ended (exit 75: retryable); evidence in {}",
-            report_dir.display()
-        ));
-    }
-    outcome.exit_code
-}
-
-/// Files `run` writes into the report directory besides the evidence bundle.
-const RUN_FILES: &[&str] = &[
-    "output.log",
-    "log-undelivered.txt",
-    "hangwatch-stdout-undelivered.txt",
-    "hangwatch-stderr-undelivered.txt",
-    "hb.sock",
-    "alerts.json",
-];
-
-/// The report directory: `--report-dir` made private, or a new run directory under the per-user root (older ones
-/// pruned to `--keep-runs`). Refused (exit 2) when it is not ours, is a symlink, or holds a symlink where one of
-/// our files will go.
-fn open_report_dir(args: &Args) -> anyhow::Result<hangwatch_safefs::PrivateDir> {
-    use hangwatch_model::error_chain;
-    let refused = |e: hangwatch_safefs::SafeFsError| {
-        usage(format!(
-            "cannot use the report directory: {}",
-            error_chain(&e)
-        ))
-    };
-    let report = match &args.report_dir {
-        Some(dir) => hangwatch_safefs::PrivateDir::open_or_create(dir).map_err(refused)?,
-        None => {
-            let (root, run) = hangwatch_run::dirs::create_run_dir("run").map_err(usage)?;
-            let current = run
-                .path()
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            run.lock_in_use().map_err(refused)?;
-            hangwatch_run::dirs::prune_runs(&root, &current, args.keep_runs);
-            run
-        }
-    };
-    report.lock_in_use().map_err(refused)?;
-    let names: Vec<&str> = hangwatch_agent::evidence::BUNDLE_FILES
-        .iter()
-        .chain(RUN_FILES)
-        .copied()
-        .collect();
-    hangwatch_run::dirs::refuse_planted(&report, &names).map_err(refused)?;
-    Ok(report)
-}
-
-/// The coordinator this agent joins, and the one it hosts.
-struct Coordination {
-    link: hangwatch_agent::link::LinkConfig,
-    host: Option<(std::net::SocketAddr, hangwatch_coordinator::Config)>,
-}
-
-/// Checks the multi-node flags and says where the coordinator is; `None` for a node that decides alone.
-fn coordination(
-    args: &Args,
-    nnodes: u32,
-    node_rank: u32,
-    master_addr: &str,
-    master_port: Option<u16>,
-    job_id: &str,
-    node_name: Option<&str>,
-) -> anyhow::Result<Option<Coordination>> {
-    let addr = match (&args.coordinator, args.host_coordinator) {
-        (Some(addr), _) => addr.clone(),
-        (None, true) => match master_port {
-            Some(port) if port < u16::MAX => format!("{master_addr}:{}", port + 1),
-            _ => {
-                return Err(usage(
-                    "--host-coordinator needs to know where: give --coordinator HOST:PORT, or --master-port (the coordinator takes the next port)",
-                ))
-            }
-        },
-        (None, false) => {
-            if args.token_file.is_some() {
-                return Err(usage(
-                    "--token-file is for the coordinator: give --coordinator HOST:PORT or --host-coordinator too",
-                ));
-            }
-            if nnodes > 1 {
-                say(format!(
-                    "hangwatch: warning: this is node {node_rank} of {nnodes}, without a coordinator: it sees only its own ranks; \
-                     add --host-coordinator --token-file FILE (or --coordinator) so that one verdict names the rank that holds everyone up"
-                ));
-            }
-            return Ok(None);
-        }
-    };
-    let Some(token_file) = &args.token_file else {
-        return Err(usage(
-            "the coordinator needs the job's token: give --token-file FILE (the same secret on every node, chmod 600; e.g. `openssl rand -hex 32 > FILE`)",
-        ));
-    };
-    let secret = hangwatch_run::secret::read_job_secret(token_file, job_id)?;
-    let node = node_name
-        .map(str::to_string)
-        .ok_or_else(|| usage("cannot tell this node's name (no hostname): give --node-name"))?;
-    let host = if args.host_coordinator && node_rank == 0 {
-        let port = addr
-            .rsplit_once(':')
-            .and_then(|(_, p)| p.parse::<u16>().ok())
-            .ok_or_else(|| usage(format!("--coordinator {addr:?} is not HOST:PORT")))?;
-        let mut config = hangwatch_coordinator::Config::new(secret.clone());
-        config.expected_nodes = Some(nnodes as usize);
-        Some((std::net::SocketAddr::from(([0, 0, 0, 0], port)), config))
-    } else {
-        None
-    };
-    let ranks: Vec<u32> = match args.nproc {
-        Some(n) => (0..n).map(|local| node_rank * n + local).collect(),
-        None => Vec::new(),
-    };
-    Ok(Some(Coordination {
-        link: hangwatch_agent::link::LinkConfig {
-            addr,
-            secret,
-            node,
-            node_rank,
-            ranks,
-        },
-        host,
-    }))
 }
