@@ -66,6 +66,20 @@ impl VerdictKind {
     }
 }
 
+/// What `--json` prints where a verdict would be when nothing hung: `{"version": 1, "hang": false}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoHang {
+    pub version: u32,
+    pub hang: bool,
+}
+
+impl NoHang {
+    pub const DOCUMENT: NoHang = NoHang {
+        version: 1,
+        hang: false,
+    };
+}
+
 /// The verdict document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Verdict {

@@ -405,10 +405,8 @@ fn after_run(
 struct RunDocument<'a> {
     #[serde(flatten)]
     verdict: Option<&'a hangwatch_model::Verdict>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    version: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    hang: Option<bool>,
+    #[serde(flatten)]
+    no_hang: Option<hangwatch_model::NoHang>,
     exit_code: i32,
     report_dir: String,
 }
@@ -418,8 +416,10 @@ fn report(json: bool, outcome: &RunOutcome, report_dir: &Path) -> i32 {
     if json {
         let doc = RunDocument {
             verdict: outcome.verdict.as_ref(),
-            version: outcome.verdict.is_none().then_some(1),
-            hang: outcome.verdict.is_none().then_some(false),
+            no_hang: outcome
+                .verdict
+                .is_none()
+                .then_some(hangwatch_model::NoHang::DOCUMENT),
             exit_code: outcome.exit_code,
             report_dir: report_dir.display().to_string(),
         };

@@ -39,13 +39,6 @@ pub struct Settings {
     pub json: bool,
 }
 
-/// `--json`'s document when nothing hung.
-#[derive(serde::Serialize)]
-struct NoHang {
-    version: u32,
-    hang: bool,
-}
-
 /// Everything the demo set up, torn down on drop in the safe order: thaw, unmount, remove.
 struct Stage {
     dir: PathBuf,
@@ -251,10 +244,7 @@ pub fn run(args: Settings) -> anyhow::Result<bool> {
     if args.json {
         match verdict {
             Some(v) => hangwatch_agent::human::print_json(v)?,
-            None => hangwatch_agent::human::print_json(&NoHang {
-                version: 1,
-                hang: false,
-            })?,
+            None => hangwatch_agent::human::print_json(&hangwatch_model::NoHang::DOCUMENT)?,
         }
     }
     if outcome.exit_code == EXIT_HUNG && named_rank0 {

@@ -5,6 +5,7 @@
 
 pub mod alerts;
 pub mod attempt;
+pub mod coordinator;
 pub mod demo;
 pub mod dirs;
 pub mod job_events;

@@ -1,22 +1,12 @@
-//! `hangwatch coordinator`: serves one multi-node job's agents (docs/coordinator-protocol.md) and runs the job's
-//! policy over them, until every node has left (or SIGINT/SIGTERM). Refuses a token file that others can read.
-//! Serving is `hangwatch_coordinator::hosted`'s; what its events say to people is `hangwatch_run::job_events`'.
+//! `hangwatch coordinator`'s options and its `--json` document; the program is `hangwatch_run::coordinator`.
+//! Refuses a token file that others can read.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
-use hangwatch_agent::human::say;
-use hangwatch_coordinator::hosted::Serving;
-use hangwatch_coordinator::{Config, Coordinator, JobEnding, SuperviseOptions};
-use hangwatch_metrics::CoordinatorMetrics;
-
-use crate::exit::usage;
-use hangwatch_model::parse_nonzero_duration;
-use hangwatch_run::job_events::{self, JobAlerts};
+use hangwatch_model::{parse_nonzero_duration, NoHang};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -60,113 +50,30 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    // The agents' own rule (`run`): --job-id, else the Slurm job's id, else `job`.
-    let job_id =
-        hangwatch_slurm::step::job_id_or_default(args.job_id.as_deref(), |k| std::env::var(k).ok());
-    let secret = hangwatch_run::secret::read_job_secret(&args.token_file, &job_id)?;
-    let alerter = std::sync::Arc::new(args.alerts.alerter()?);
-    // Held open (and locked) while the coordinator runs.
-    let report = hangwatch_run::dirs::open_report_dir(args.report_dir.as_deref(), "coordinator")
-        .map_err(usage)?;
-    let report_dir = report.path().to_path_buf();
-    let alerts = JobAlerts {
-        alerter: std::sync::Arc::clone(&alerter),
-        job: Some(job_id.clone()),
-        evidence: format!("{}:{}", job_events::this_host(), report_dir.display()),
-    };
-    let metrics = Arc::new(CoordinatorMetrics::new(Some(&job_id)));
-    let (sent, failed, not_sent) = (
-        Arc::clone(&metrics),
-        Arc::clone(&metrics),
-        Arc::clone(&metrics),
-    );
-    hangwatch_run::alerts::count_deliveries(
-        &alerter,
-        move |t| sent.alert_sent(t),
-        move |t| failed.alert_failed(t),
-        move |r| not_sent.alert_not_sent(r),
-    );
-    let mut config = Config::new(secret.clone());
-    config.expected_nodes = args.nnodes;
-    config.silence = args.silence;
-    let options = SuperviseOptions {
-        on_hang: args.action.on_hang(),
-        activity: hangwatch_diagnosis::ActivityRule::until(args.max_stall),
-        ..SuperviseOptions::default()
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the coordinator's runtime")?;
-    let ending = runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(&args.listen)
-            .await
-            .map_err(|e| usage(format!("cannot listen on {}: {e}", args.listen)))?;
-        let addr = listener
-            .local_addr()
-            .context("cannot read the listening address")?;
-        // Watched before "listening" is said: whoever reads that line may signal at once.
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("cannot watch SIGTERM")?;
-        let mut interrupt =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-                .context("cannot watch SIGINT")?;
-        say(format!(
-            "hangwatch coordinator: listening on {addr} for job {job_id} (token from {}, link key {}); agents join with `hangwatch run --coordinator {addr} --token-file FILE --job-id {job_id} ...`",
-            args.token_file.display(),
-            secret.key().id()
-        ));
-        let (keep, said) = (Some(report_dir.clone()), Arc::clone(&metrics));
-        let serving = Serving::start(Coordinator::new(config), listener, move |events| {
-            job_events::say_events(events, job_events::WHO, keep, alerts, said)
-        });
-        let _metrics_server = match args.metrics {
-            Some(addr) => Some(hangwatch_run::metrics::serve(
-                "hangwatch coordinator",
-                addr,
-                job_events::exposition(serving.coordinator(), &metrics, args.nnodes),
-            )?),
-            None => None,
-        };
-        let ending = tokio::select! {
-            ending = serving.coordinator().supervise(options, serving.events()) => Some(ending),
-            _ = interrupt.recv() => None,
-            _ = term.recv() => None,
-        };
-        if ending.is_none() {
-            tracing::info!("coordinator stopping on a signal");
-        }
-        job_events::say_server_error(serving.stop().await);
-        say(match &ending {
-            Some(_) => "hangwatch coordinator: every node has left; stopped",
-            None => "hangwatch coordinator: stopped",
-        });
-        anyhow::Ok(ending.unwrap_or_default())
-    })?;
-    hangwatch_run::alerts::finish(&alerter, &report_dir);
+    let alerter = args.alerts.alerter()?;
+    let ending = hangwatch_run::coordinator::run(
+        hangwatch_run::coordinator::Settings {
+            listen: args.listen,
+            token_file: args.token_file,
+            job_id: args.job_id,
+            nnodes: args.nnodes,
+            silence: args.silence,
+            on_hang: args.action.on_hang(),
+            max_stall: args.max_stall,
+            report_dir: args.report_dir,
+            metrics: args.metrics,
+        },
+        alerter,
+    )?;
     if args.json {
-        print_ending(&ending)?;
+        match &ending.verdict {
+            Some(verdict) => crate::output::print_json(verdict)?,
+            None => crate::output::print_json(&NoHang::DOCUMENT)?,
+        }
     }
-    drop(report);
     Ok(if ending.terminated {
         ExitCode::from(crate::exit::HUNG)
     } else {
         ExitCode::SUCCESS
     })
-}
-
-/// The one JSON document of `--json`: the last verdict, or that there was no hang.
-fn print_ending(ending: &JobEnding) -> anyhow::Result<()> {
-    #[derive(serde::Serialize)]
-    struct NoHang {
-        version: u32,
-        hang: bool,
-    }
-    match &ending.verdict {
-        Some(verdict) => crate::output::print_json(verdict),
-        None => crate::output::print_json(&NoHang {
-            version: 1,
-            hang: false,
-        }),
-    }
 }
