@@ -6,9 +6,11 @@
 //! frozen mount; [`diagnose`] turns them into a checklist of [`Finding`]s, passed ones included, as a pure function.
 //! [`startup_warnings`] picks the lines `hangwatch run` says before the job starts. See `docs/doctor.md`.
 
+mod checklist;
 mod diagnose;
 mod facts;
 
+pub use checklist::{checklist, Glyphs};
 pub use diagnose::{
     diagnose, startup_warnings, Check, Finding, Severity, HUGE_TIMEOUT_S, MIN_DGRAM_QLEN,
     RECOMMENDED_DGRAM_QLEN,

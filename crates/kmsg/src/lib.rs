@@ -10,6 +10,7 @@
 
 pub mod follow;
 pub mod hung;
+pub mod live;
 pub mod notices;
 pub mod parser;
 pub mod prefix;

@@ -8,6 +8,7 @@ pub mod attempt;
 pub mod coordinator;
 pub mod demo;
 pub mod dirs;
+pub mod doctor;
 pub mod job_events;
 pub mod log_sink;
 pub mod metrics;

@@ -2,12 +2,12 @@
 //! or of the live kernel log (`/dev/kmsg`, followed).
 
 use std::io::{BufReader, Write};
-use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use hangwatch_kmsg::{self as kmsg, Event, ReportOptions, Since};
+use hangwatch_agent::human::say;
+use hangwatch_kmsg::{self as kmsg, ReportOptions, Since};
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
@@ -85,65 +85,18 @@ fn print_report(report: &kmsg::Report, json: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// One line per finished event on stdout; a closed stdout (`| head`) ends the follow quietly.
+/// One line per finished event on stdout, said to be followed first; a closed stdout (`| head`) ends it quietly.
 fn follow_live(device: &Path, since: Option<Since>, json: bool) -> anyhow::Result<ExitCode> {
-    let file = kmsg::open_kmsg(device, false)?;
-    eprintln!(
+    say(format!(
         "hangwatch: following {} (buffered messages first); Ctrl-C to stop",
         device.display()
-    );
-    let mut write_error = None;
-    let summary = kmsg::follow(
-        file,
-        kmsg::follow::DEFAULT_IDLE,
-        kmsg::follow::boot_time_unix_s(),
-        |event: Event| {
-            if since.is_some_and(|s| !s.admits(event.time())) {
-                return ControlFlow::Continue(());
-            }
-            match write_event(&event, json) {
-                Ok(()) => ControlFlow::Continue(()),
-                Err(e) => {
-                    write_error = Some(e);
-                    ControlFlow::Break(())
-                }
-            }
-        },
-    )?;
+    ));
+    let summary = kmsg::live::print_live(device, since, json, &mut std::io::stdout().lock())?;
     if summary.overruns > 0 {
         tracing::warn!(
             overruns = summary.overruns,
             "kernel log records were overwritten before they could be read"
         );
     }
-    match write_error {
-        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Some(e) => Err(e).context("writing to stdout"),
-        None => Ok(ExitCode::SUCCESS),
-    }
-}
-
-fn write_event(event: &Event, json: bool) -> std::io::Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    if json {
-        let value = serde_json::json!({ "version": kmsg::REPORT_VERSION, "event": event });
-        serde_json::to_writer(&mut stdout, &flatten_event(value))?;
-        stdout.write_all(b"\n")?;
-    } else {
-        writeln!(stdout, "{}", kmsg::render_event(event))?;
-    }
-    stdout.flush()
-}
-
-/// `{"version": 1, "event": "hung_task", ...fields}`: the event's own fields at the top level.
-fn flatten_event(value: serde_json::Value) -> serde_json::Value {
-    let serde_json::Value::Object(mut outer) = value else {
-        return value;
-    };
-    if let Some(serde_json::Value::Object(inner)) = outer.remove("event") {
-        for (k, v) in inner {
-            outer.insert(k, v);
-        }
-    }
-    serde_json::Value::Object(outer)
+    Ok(ExitCode::SUCCESS)
 }

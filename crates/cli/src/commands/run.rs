@@ -300,7 +300,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let private_dir = attempt::open_report_dir(args.report_dir.as_deref(), args.keep_runs)?;
     let report_dir = private_dir.path().to_path_buf();
     // Blind or Silent settings (e.g. the report directory on a network filesystem: SPEC promise 4), said now.
-    crate::commands::doctor::say_startup_warnings(&report_dir, args.log_file.as_deref());
+    hangwatch_run::doctor::say_startup_warnings(&report_dir, args.log_file.as_deref());
 
     let sink = match &args.log_file {
         Some(path) => Some(hangwatch_run::log_sink::open(
