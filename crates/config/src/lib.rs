@@ -2,6 +2,7 @@
 //! `--config FILE`), then the user's `~/.config/hangwatch/config.toml`, then `HANGWATCH_<OPTION>` variables, then flags; later wins
 //! (docs/configuration.md). Every option of every public command can come from any of them.
 
+pub mod document;
 mod file;
 mod layers;
 mod read;

@@ -9,6 +9,7 @@ pub mod coordinator;
 pub mod demo;
 pub mod dirs;
 pub mod doctor;
+pub mod dump;
 pub mod job_events;
 pub mod log_sink;
 pub mod metrics;
