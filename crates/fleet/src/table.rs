@@ -1,10 +1,17 @@
-//! The fleet database's rows as the terminal tables `hangwatch history --fleet` prints, and its URL as a message may
-//! show it.
+//! The fleet database's rows as `hangwatch history --fleet` shows them: its JSON document, terminal tables, and its
+//! URL as a message may show it.
 
 use hangwatch_history::table::render_table;
 use hangwatch_history::utc_time;
 
-use crate::{FleetCause, FleetEntry, FleetMount};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::{
+    ConnectError, FleetCause, FleetDb, FleetEntry, FleetMount, FleetQuery, FleetTarget, ProcessEnv,
+    QueryError,
+};
 
 /// The URL for a message: only what comes before its user part's password is never printed.
 pub fn redacted(url: &str) -> String {
@@ -87,4 +94,67 @@ pub fn mount_table(mounts: &[FleetMount]) -> String {
         ],
         &rows,
     )
+}
+
+/// Which rows of the fleet database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FleetRows {
+    Verdicts,
+    Causes,
+    Mounts,
+}
+
+/// `history --fleet --json`: the fleet database (without its password) and its rows.
+#[derive(Debug, Serialize)]
+pub struct FleetDocument {
+    pub database: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdicts: Option<Vec<FleetEntry>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub causes: Option<Vec<FleetCause>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mounts: Option<Vec<FleetMount>>,
+}
+
+impl FleetDocument {
+    /// Reads `rows` from the fleet database; connecting and reading run under `deadline`: a database that accepts
+    /// and never answers is named (without its password), not waited for.
+    pub fn read(
+        target: FleetTarget,
+        rows: FleetRows,
+        query: FleetQuery,
+        deadline: Duration,
+    ) -> Result<Self, FleetReadError> {
+        let url = redacted(&target.url);
+        let read = move || -> Result<FleetDocument, FleetReadError> {
+            let mut db = FleetDb::connect(&target, &ProcessEnv, deadline)?;
+            let mut doc = FleetDocument {
+                database: db.database().to_string(),
+                verdicts: None,
+                causes: None,
+                mounts: None,
+            };
+            match rows {
+                FleetRows::Causes => doc.causes = Some(db.by_cause(&query)?),
+                FleetRows::Mounts => doc.mounts = Some(db.by_mount(&query)?),
+                FleetRows::Verdicts => doc.verdicts = Some(db.list(&query)?),
+            }
+            Ok(doc)
+        };
+        crate::within(deadline, read).unwrap_or(Err(FleetReadError::NoAnswer {
+            url,
+            secs: deadline.as_secs(),
+        }))
+    }
+}
+
+/// Why the fleet database's rows could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetReadError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    #[error("the fleet database ({url}) did not answer within {secs}s")]
+    NoAnswer { url: String, secs: u64 },
 }

@@ -1,6 +1,11 @@
-//! The history's rows as the terminal table `hangwatch history` prints: left-aligned columns, the last unpadded.
+//! The history's rows as `hangwatch history` shows them: its JSON document, and terminal tables (left-aligned
+//! columns, the last unpadded).
 
-use crate::{utc_time, CauseSummary, HistoryEntry};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::{utc_time, CauseSummary, HistoryDb, HistoryEntry, HistoryError, Query};
 
 /// Left-aligned columns two spaces apart; the last column is not padded.
 pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
@@ -71,6 +76,45 @@ pub fn cause_table(causes: &[CauseSummary]) -> String {
         })
         .collect();
     render_table(&["SEEN", "KIND", "CAUSE", "NODES", "FIRST", "LAST"], &rows)
+}
+
+/// `history --json`: the database and its rows.
+#[derive(Debug, Serialize)]
+pub struct HistoryDocument {
+    pub database: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdicts: Option<Vec<HistoryEntry>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub causes: Option<Vec<CauseSummary>>,
+}
+
+impl HistoryDocument {
+    /// The rows of the database at `path` (none when it does not exist yet): one per cause with `by_cause`, else
+    /// one per verdict.
+    pub fn read(path: &Path, by_cause: bool, query: &Query) -> Result<Self, HistoryError> {
+        let db = if std::fs::symlink_metadata(path).is_ok() {
+            Some(HistoryDb::open_existing(path)?)
+        } else {
+            None
+        };
+        let mut doc = HistoryDocument {
+            database: path.to_path_buf(),
+            verdicts: None,
+            causes: None,
+        };
+        if by_cause {
+            doc.causes = Some(match &db {
+                Some(db) => db.by_fingerprint(query)?,
+                None => Vec::new(),
+            });
+        } else {
+            doc.verdicts = Some(match &db {
+                Some(db) => db.list(query)?,
+                None => Vec::new(),
+            });
+        }
+        Ok(doc)
+    }
 }
 
 #[cfg(test)]

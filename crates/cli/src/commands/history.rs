@@ -6,8 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use hangwatch_agent::human::say;
-use hangwatch_fleet::{FleetCause, FleetDb, FleetEntry, FleetMount, FleetQuery, ProcessEnv};
-use hangwatch_history::{CauseSummary, HistoryDb, HistoryEntry, Query};
+use hangwatch_fleet::table::{FleetDocument, FleetRows};
+use hangwatch_fleet::FleetQuery;
+use hangwatch_history::table::HistoryDocument;
+use hangwatch_history::Query;
 use serde::Serialize;
 use std::io::Write;
 
@@ -48,18 +50,8 @@ pub struct Args {
 /// How long `history --fleet` waits for the fleet database.
 const FLEET_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// `history --json`: the database and its rows.
-#[derive(Debug, Serialize)]
-struct HistoryDocument {
-    database: PathBuf,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    verdicts: Option<Vec<HistoryEntry>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    causes: Option<Vec<CauseSummary>>,
-}
-
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let now = now_unix_s();
+    let now = hangwatch_model::unix_now();
     let since_unix_s = match &args.since {
         Some(text) => Some(hangwatch_model::parse_since(text, now).map_err(usage)?),
         None => None,
@@ -76,27 +68,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(hangwatch_run::dirs::history_db_path);
     let exists = std::fs::symlink_metadata(&path).is_ok();
-    let db = if exists {
-        Some(HistoryDb::open_existing(&path)?)
-    } else {
-        None
-    };
-    let mut doc = HistoryDocument {
-        database: path.clone(),
-        verdicts: None,
-        causes: None,
-    };
-    if args.by_cause {
-        doc.causes = Some(match &db {
-            Some(db) => db.by_fingerprint(&query)?,
-            None => Vec::new(),
-        });
-    } else {
-        doc.verdicts = Some(match &db {
-            Some(db) => db.list(&query)?,
-            None => Vec::new(),
-        });
-    }
+    let doc = HistoryDocument::read(&path, args.by_cause, &query)?;
     if args.json {
         crate::output::print_json(&doc)?;
         return Ok(ExitCode::SUCCESS);
@@ -129,24 +101,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn now_unix_s() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// `history --fleet --json`: the fleet database (without its password) and its rows.
-#[derive(Debug, Serialize)]
-struct FleetDocument {
-    database: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    verdicts: Option<Vec<FleetEntry>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    causes: Option<Vec<FleetCause>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    mounts: Option<Vec<FleetMount>>,
-}
-
 /// `history --fleet`: the fleet database's verdicts, causes or mounts. Connecting and reading run under
 /// [`FLEET_TIMEOUT`]: a database that accepts and never answers is named, not waited for.
 fn run_fleet(args: &Args, query: Query) -> anyhow::Result<ExitCode> {
@@ -157,32 +111,14 @@ fn run_fleet(args: &Args, query: Query) -> anyhow::Result<ExitCode> {
         since_unix_s: query.since_unix_s,
         limit: query.limit,
     };
-    let (by_cause, by_mount) = (args.by_cause, args.by_mount);
-    let url = target.url.clone();
-    let read = move || -> anyhow::Result<FleetDocument> {
-        let mut db = FleetDb::connect(&target, &ProcessEnv, FLEET_TIMEOUT)?;
-        let mut doc = FleetDocument {
-            database: db.database().to_string(),
-            verdicts: None,
-            causes: None,
-            mounts: None,
-        };
-        if by_cause {
-            doc.causes = Some(db.by_cause(&fleet_query)?);
-        } else if by_mount {
-            doc.mounts = Some(db.by_mount(&fleet_query)?);
-        } else {
-            doc.verdicts = Some(db.list(&fleet_query)?);
-        }
-        Ok(doc)
+    let rows = if args.by_cause {
+        FleetRows::Causes
+    } else if args.by_mount {
+        FleetRows::Mounts
+    } else {
+        FleetRows::Verdicts
     };
-    let doc = hangwatch_fleet::within(FLEET_TIMEOUT, read).ok_or_else(|| {
-        anyhow::anyhow!(
-            "the fleet database ({}) did not answer within {}s",
-            hangwatch_fleet::table::redacted(&url),
-            FLEET_TIMEOUT.as_secs()
-        )
-    })??;
+    let doc = FleetDocument::read(target, rows, fleet_query, FLEET_TIMEOUT)?;
     if args.json {
         crate::output::print_json(&doc)?;
         return Ok(ExitCode::SUCCESS);
