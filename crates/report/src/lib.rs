@@ -11,6 +11,7 @@ mod bundle;
 mod escape;
 pub mod grid;
 mod html;
+pub mod summary;
 mod timeline;
 
 pub use bundle::{Bundle, FileProblem, Problem, ReportError, RunInfo, Thresholds, TAIL_LINES};

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use hangwatch_model::error_chain;
-use hangwatch_report::{Bundle, Problem};
+use hangwatch_report::Bundle;
 
 use crate::exit::usage;
 
@@ -44,7 +44,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let bundle = Bundle::read(&args.dir).map_err(|e| usage(error_chain(&e)))?;
     let page = hangwatch_report::render_html(&bundle);
     let to_stdout = args.html.as_deref() == Some(Path::new("-"));
-    let summary = summary(&bundle);
+    let summary = hangwatch_report::summary::summary(&bundle);
     if to_stdout {
         let mut stdout = std::io::stdout().lock();
         match stdout
@@ -63,68 +63,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(out) => out,
         None => args.dir.join(PAGE_NAME),
     };
-    write_page(&out, page.as_bytes())
-        .map_err(plain)
-        .map_err(|e| {
-            usage(format!(
+    hangwatch_report::summary::write_page(&out, page.as_bytes()).map_err(|e| {
+        usage(format!(
             "cannot write {}: {e}; choose another place with --html OUT, or --html - for stdout",
             out.display()
         ))
-        })?;
+    })?;
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "{summary}report: {}", out.display());
     let _ = stdout.flush();
     Ok(ExitCode::SUCCESS)
-}
-
-/// The verdict's first lines (kind, summary, how long progress had stopped) and what the page could not show.
-fn summary(bundle: &Bundle) -> String {
-    let mut text = match &bundle.verdict_text {
-        Some(t) if !t.trim().is_empty() => t.lines().take(2).collect::<Vec<_>>().join("\n"),
-        _ => format!(
-            "{}: {}",
-            bundle.verdict.kind.as_str().replace('_', " "),
-            bundle.verdict.summary
-        ),
-    };
-    text.push('\n');
-    if !bundle.verdict_only() {
-        let unreadable: Vec<&str> = bundle
-            .problems
-            .iter()
-            .filter(|p| matches!(p.problem, Problem::Unreadable(_)))
-            .map(|p| p.file.as_str())
-            .collect();
-        if !unreadable.is_empty() {
-            text.push_str(&format!(
-                "unreadable in the bundle (named on the page): {}\n",
-                unreadable.join(", ")
-            ));
-        }
-    }
-    text
-}
-
-/// Writes the page whole or not at all: a temporary file beside `out`, renamed over it.
-fn write_page(out: &Path, page: &[u8]) -> std::io::Result<()> {
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let mut file = tempfile::Builder::new()
-        .prefix(".report-")
-        .suffix(".html.tmp")
-        .tempfile_in(parent)?;
-    file.write_all(page)?;
-    file.as_file().sync_all()?;
-    file.persist(out).map_err(|e| e.error)?;
-    Ok(())
-}
-
-/// The OS's words for an error, without the temporary file's name that `tempfile` adds.
-fn plain(e: std::io::Error) -> std::io::Error {
-    match e.raw_os_error() {
-        Some(code) => std::io::Error::from_raw_os_error(code),
-        None => e,
-    }
 }
