@@ -8,7 +8,6 @@ mod commands;
 mod exit;
 mod fleet;
 mod output;
-mod size;
 
 use std::process::ExitCode;
 

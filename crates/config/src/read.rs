@@ -75,7 +75,7 @@ pub fn read_files(paths: &[PathBuf]) -> Vec<(PathBuf, Found)> {
         .collect()
 }
 
-/// The child's side: reads each file and prints one [`FileRead`] line as soon as it has it (so that a file that
+/// The child's side: reads each file and prints one `FileRead` line as soon as it has it (so that a file that
 /// blocks costs only itself and the ones after it).
 pub fn child_main(paths: &[PathBuf], out: &mut impl std::io::Write) -> std::io::Result<()> {
     for path in paths {

@@ -7,7 +7,6 @@ mod alerting;
 mod clock;
 mod collectives;
 mod death;
-mod durations;
 mod errors;
 pub mod exit;
 mod interned;
@@ -18,6 +17,7 @@ mod rank_ranges;
 mod recurrence;
 mod stall;
 mod timeline;
+mod units;
 mod verdict;
 
 pub use alerting::{NotSentReason, TargetKind};
@@ -30,7 +30,6 @@ pub use collectives::{
     CollectiveState, FlightRecorderError, GroupRecord, MAX_FLIGHT_RECORDER_DUMP_BYTES,
 };
 pub use death::RankDeath;
-pub use durations::{parse_duration, parse_nonzero_duration, parse_since};
 pub use errors::error_chain;
 pub use interned::intern;
 pub use node::*;
@@ -39,6 +38,7 @@ pub use rank_ranges::{rank_ranges, ranks_words};
 pub use recurrence::{FleetIncident, IncidentMember, Recurrence, RecurrenceSource, Sighting};
 pub use stall::StallTier;
 pub use timeline::*;
+pub use units::{parse_duration, parse_nonzero_duration, parse_since, parse_size};
 pub use verdict::*;
 
 /// For `skip_serializing_if`: a count that is zero is left out of the JSON.

@@ -41,7 +41,7 @@ pub struct Settings {
     pub action: NodeAction,
     /// How often to look for steps that started or ended.
     pub scan_every: Duration,
-    /// Where each step's evidence goes; `None`: the job owner's /var/tmp/hangwatch-<uid>.
+    /// Where each step's evidence goes; `None`: the job owner's `/var/tmp/hangwatch-<uid>`.
     pub report_root: Option<PathBuf>,
     /// Where other nodes' services ask this one for a step's key (`ADDR:PORT`), or `off`.
     pub peer_listen: String,

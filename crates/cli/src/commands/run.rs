@@ -108,7 +108,7 @@ pub struct Args {
     log_file: Option<PathBuf>,
     /// Rotate the job's log (--log-file, else output.log in the report directory) before it grows past SIZE
     /// (e.g. 500M, 2G; 0: no cap). Rotated files are LOG.1 (newest) .. LOG.N.
-    #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = crate::size::parse_size)]
+    #[arg(long, default_value = "1G", value_name = "SIZE", value_parser = hangwatch_model::parse_size)]
     log_max_size: u64,
     /// Rotated log files to keep (at least 1 while there is a size cap).
     #[arg(long, default_value_t = 3, value_name = "N")]

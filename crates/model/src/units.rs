@@ -1,20 +1,15 @@
-//! Durations and times as people write them on the command line: `500ms`, `30s`, `2m`, `1h`, `1.5s` (a bare
-//! number means seconds), and a window's start as a time back from now (`7d`, `24h`) or a date. How they are
-//! written back is `clock.rs`.
+//! Amounts as people write them on the command line: durations (`500ms`, `30s`, `2m`, `1h`, `1.5s`; a bare number
+//! means seconds), a window's start as a time back from now (`7d`, `24h`) or a date, and sizes (`512M`, `1G`;
+//! powers of 1024). How durations and times are written back is `clock.rs`.
 
 use std::time::Duration;
 
 /// Parses a duration for clap (`value_parser = parse_duration`).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let value: f64 = number.parse().map_err(|_| {
+    let (value, unit) = number_and_unit(text).ok_or_else(|| {
         format!("`{text}` is not a duration: write a number with a unit, like 500ms, 30s, 2m or 1h")
     })?;
-    let seconds = match unit.trim() {
+    let seconds = match unit {
         "ms" => value / 1000.0,
         "" | "s" | "sec" | "secs" => value,
         "m" | "min" | "mins" => value * 60.0,
@@ -72,15 +67,49 @@ pub fn parse_since(text: &str, now_unix_s: f64) -> Result<f64, String> {
 
 /// `7d`, `2w`, `1.5d`: the units `parse_duration` leaves out (a stall is never days long; a history window is).
 fn days_or_weeks(t: &str) -> Option<Duration> {
-    let (number, unit) = t.split_at(t.find(|c: char| !(c.is_ascii_digit() || c == '.'))?);
+    let (value, unit) = number_and_unit(t)?;
     let per = match unit {
         "d" | "day" | "days" => 86_400.0,
         "w" | "week" | "weeks" => 7.0 * 86_400.0,
         _ => return None,
     };
-    let value: f64 = number.parse().ok()?;
     let secs = value * per;
     (secs.is_finite() && (0.0..1.0e10).contains(&secs)).then(|| Duration::from_secs_f64(secs))
+}
+
+/// Parses a size in bytes for clap (`value_parser = parse_size`).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let (value, unit) = number_and_unit(text).ok_or_else(|| {
+        format!("`{text}` is not a size: write a number with a unit, like 500M, 1G or 0 (no limit)")
+    })?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{text}`: use k, M, G or T"
+            ))
+        }
+    };
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || !(0.0..=u64::MAX as f64 / 2.0).contains(&bytes) {
+        return Err(format!("`{text}` is out of range"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// The number at the start of `text` and the unit after it (trimmed; empty for a bare number); `None` when there
+/// is no number.
+fn number_and_unit(text: &str) -> Option<(f64, &str)> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    Some((number.parse().ok()?, unit.trim()))
 }
 
 #[cfg(test)]
@@ -154,5 +183,23 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn units_are_powers_of_1024() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
+    }
+
+    #[test]
+    fn nonsense_says_what_to_write() {
+        assert!(parse_size("big").unwrap_err().contains("like 500M, 1G"));
+        assert!(parse_size("5 parsecs")
+            .unwrap_err()
+            .contains("unknown unit `parsecs`"));
     }
 }
