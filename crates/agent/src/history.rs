@@ -3,8 +3,10 @@
 //! the process's exit; and shipping what waited to the fleet database at `run` start (`__ship-history`, in the
 //! background, under its own deadline).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hangwatch_child::{input_from_bytes, run_with_deadline_and_input, ChildOutcome};
@@ -12,6 +14,30 @@ use hangwatch_history::{FleetTarget, HistoryRequest, Recurrence};
 
 /// How long the background shipping at `run` start may take before its child is abandoned.
 pub const SHIP_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The causes this run has recorded, by fingerprint, with what recording each said. A run that looks at one hang
+/// twice (past the soft threshold, then the hard one) keeps one row in the history, and its later verdict says what
+/// the first said: a run's own earlier look is not a recurrence.
+#[derive(Debug, Clone, Default)]
+pub struct RecordedThisRun(Arc<Mutex<HashMap<String, Recurrence>>>);
+
+impl RecordedThisRun {
+    /// What recording `fingerprint` said, when this run recorded it.
+    pub fn get(&self, fingerprint: &str) -> Option<Recurrence> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(fingerprint)
+            .cloned()
+    }
+
+    pub fn insert(&self, fingerprint: String, recurrence: Recurrence) {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(fingerprint, recurrence);
+    }
+}
 
 /// Records `request` in the database at `db` by running `program __record-history --db DB` (`program`: the
 /// running hangwatch, [`hangwatch_child::self_exe`]); the child's answer is how often the verdict's cause

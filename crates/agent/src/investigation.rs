@@ -64,6 +64,8 @@ pub(crate) struct InvestigationJob {
     pub(crate) witnesses: crate::death::Witnesses,
     /// Where the ranks are asked for their Flight Recorder (none in the loop's unit tests).
     pub(crate) collectives: Option<Arc<crate::collectives::CollectivesDesk>>,
+    /// The causes this run recorded in the history already.
+    pub(crate) recorded: crate::history::RecordedThisRun,
 }
 
 impl InvestigationJob {
@@ -316,6 +318,10 @@ impl InvestigationJob {
     /// cause was seen before. `None` when there is no history or it could not be written (a warning).
     fn record_history(&self, verdict: &Verdict) -> Option<hangwatch_model::Recurrence> {
         let db = self.history_db.as_ref()?;
+        let fingerprint = hangwatch_history::Fingerprint::of(verdict).key();
+        if let Some(earlier) = self.recorded.get(&fingerprint) {
+            return Some(earlier);
+        }
         let request = hangwatch_history::HistoryRequest::new(
             verdict,
             self.node.clone().unwrap_or_else(|| "this node".into()),
@@ -334,6 +340,7 @@ impl InvestigationJob {
                         "hangwatch: warning: the fleet database did not answer, the recurrence is this node's: {why}"
                     ));
                 }
+                self.recorded.insert(fingerprint, recurrence.clone());
                 Some(recurrence)
             }
             Err(e) => {

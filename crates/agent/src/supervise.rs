@@ -171,6 +171,8 @@ struct Supervisor {
     witnesses: crate::death::Witnesses,
     /// Where roll calls ask the ranks for their Flight Recorder.
     collectives: Option<Arc<crate::collectives::CollectivesDesk>>,
+    /// The causes this run recorded in the history: one row per cause and run.
+    recorded: crate::history::RecordedThisRun,
 }
 
 /// Runs the job to its end. Never returns while a rank it can still end is alive, and never waits on one it

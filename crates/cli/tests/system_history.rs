@@ -1,6 +1,7 @@
 //! The node's verdict history as an admin meets it: two real hangs with the same cause (rank 0's log on an ext4
 //! that freezes, a new loop mount each time), one after the other on this machine; the second verdict says the
-//! cause was seen before, and `hangwatch history` lists both as one recurring cause.
+//! cause was seen before, and `hangwatch history` lists both as one recurring cause. One hang looked at twice by the
+//! loop is one row.
 
 mod common;
 
@@ -107,4 +108,55 @@ fn the_same_cause_twice_is_a_recurrence_in_the_verdict_and_in_hangwatch_history(
     );
     assert!(shown.contains("write"), "{shown}");
     assert!(shown.contains('2'), "{shown}");
+}
+
+/// A hang the loop looks at twice (past the soft threshold, where sleeping ranks are not conclusive, then past the
+/// hard one, where it acts) is one hang: one row in the history, and the run's own first look is not called a
+/// recurrence of it.
+#[test]
+fn one_hang_looked_at_twice_is_one_row_and_not_its_own_recurrence() {
+    let py = require!(python());
+    let state = tempfile::tempdir().unwrap();
+    let mut cmd = hangwatch();
+    cmd.env("HANGWATCH_STATE_DIR", state.path());
+    let job = vec![
+        py.display().to_string(),
+        "-c".to_string(),
+        "import time; time.sleep(120)".to_string(),
+    ];
+    let mut run = HangwatchRun::start_in(
+        cmd,
+        &["--nproc", "2", "--stall-after", "3s", "--quiet"],
+        &job,
+    );
+    let done = run.finish(Duration::from_secs(60));
+    done.assert_code(75);
+    assert_eq!(
+        done.json["recurrence"]["seen_before"],
+        0,
+        "{}",
+        done.describe()
+    );
+    assert!(
+        !done.stderr.contains("was seen 1 time before"),
+        "{}",
+        done.stderr
+    );
+
+    let history = hangwatch()
+        .args(["history", "--json"])
+        .env("HANGWATCH_STATE_DIR", state.path())
+        .output()
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&history.stdout).unwrap();
+    let entries = listed["verdicts"]
+        .as_array()
+        .unwrap_or_else(|| panic!("history --json: {listed:#}"));
+    assert_eq!(entries.len(), 1, "one hang, one row: {listed:#}");
+    assert!(
+        entries[0]
+            .to_string()
+            .contains(&done.report_dir.display().to_string()),
+        "{listed:#}"
+    );
 }

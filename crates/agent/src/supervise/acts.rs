@@ -219,6 +219,7 @@ impl Supervisor {
             dead: self.sampler.dead_ranks(),
             witnesses: self.witnesses.clone(),
             collectives: self.collectives.clone(),
+            recorded: self.recorded.clone(),
         }
     }
 

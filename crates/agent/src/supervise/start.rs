@@ -256,6 +256,7 @@ impl Supervisor {
             timeline: crate::timeline::TimelineRecorder::new(unix_time_of(start)),
             witnesses,
             collectives: Some(Arc::clone(&socket.collectives)),
+            recorded: Default::default(),
         };
         let wiring = Wiring {
             signals,

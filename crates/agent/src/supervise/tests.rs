@@ -182,6 +182,7 @@ fn supervisor(procs: Vec<JobProc>) -> (Supervisor, Arc<Mutex<Asked>>, Receiver<E
         ordered_verdict: None,
         timeline: crate::timeline::TimelineRecorder::new(unix_time_of(start)),
         collectives: None,
+        recorded: Default::default(),
     };
     (sup, asked, rx)
 }
