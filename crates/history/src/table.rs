@@ -86,13 +86,17 @@ pub struct HistoryDocument {
     pub verdicts: Option<Vec<HistoryEntry>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub causes: Option<Vec<CauseSummary>>,
+    /// The database file existed (an empty document from one that does not exist yet says so to people).
+    #[serde(skip)]
+    pub exists: bool,
 }
 
 impl HistoryDocument {
     /// The rows of the database at `path` (none when it does not exist yet): one per cause with `by_cause`, else
     /// one per verdict.
     pub fn read(path: &Path, by_cause: bool, query: &Query) -> Result<Self, HistoryError> {
-        let db = if std::fs::symlink_metadata(path).is_ok() {
+        let exists = std::fs::symlink_metadata(path).is_ok();
+        let db = if exists {
             Some(HistoryDb::open_existing(path)?)
         } else {
             None
@@ -101,6 +105,7 @@ impl HistoryDocument {
             database: path.to_path_buf(),
             verdicts: None,
             causes: None,
+            exists,
         };
         if by_cause {
             doc.causes = Some(match &db {

@@ -67,7 +67,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .db
         .clone()
         .unwrap_or_else(hangwatch_run::dirs::history_db_path);
-    let exists = std::fs::symlink_metadata(&path).is_ok();
     let doc = HistoryDocument::read(&path, args.by_cause, &query)?;
     if args.json {
         crate::output::print_json(&doc)?;
@@ -81,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .as_ref()
             .map(|s| format!(" since {s}"))
             .unwrap_or_default();
-        let why = if exists {
+        let why = if doc.exists {
             ""
         } else {
             " (the database does not exist yet)"
