@@ -1,15 +1,13 @@
 //! The live kernel log printed as it comes (`hangwatch kmsg` without a file): one line per finished event, as
 //! text or as one JSON object per line (JSON Lines).
 
+use std::fs::File;
 use std::io::Write;
 use std::ops::ControlFlow;
-use std::path::Path;
 
 use serde::Serialize;
 
-use crate::follow::{
-    boot_time_unix_s, follow, open_kmsg, FollowError, FollowSummary, DEFAULT_IDLE,
-};
+use crate::follow::{boot_time_unix_s, follow, FollowError, FollowSummary, DEFAULT_IDLE};
 use crate::report::Since;
 use crate::{render_event, Event, REPORT_VERSION};
 
@@ -30,17 +28,16 @@ pub enum LiveError {
     Write(#[source] std::io::Error),
 }
 
-/// Follows `device` and writes each finished event at or after `since` to `out`, flushed per line. A closed `out`
-/// (`| head`: a broken pipe) ends the follow quietly.
+/// Follows `kmsg` (the device, opened with [`crate::open_kmsg`]) and writes each finished event at or after `since`
+/// to `out`, flushed per line. A closed `out` (`| head`: a broken pipe) ends the follow quietly.
 pub fn print_live(
-    device: &Path,
+    kmsg: File,
     since: Option<Since>,
     json: bool,
     out: &mut dyn Write,
 ) -> Result<FollowSummary, LiveError> {
-    let file = open_kmsg(device, false)?;
     let mut write_error = None;
-    let summary = follow(file, DEFAULT_IDLE, boot_time_unix_s(), |event: Event| {
+    let summary = follow(kmsg, DEFAULT_IDLE, boot_time_unix_s(), |event: Event| {
         if since.is_some_and(|s| !s.admits(event.time())) {
             return ControlFlow::Continue(());
         }

@@ -87,11 +87,12 @@ fn print_report(report: &kmsg::Report, json: bool) -> anyhow::Result<ExitCode> {
 
 /// One line per finished event on stdout, said to be followed first; a closed stdout (`| head`) ends it quietly.
 fn follow_live(device: &Path, since: Option<Since>, json: bool) -> anyhow::Result<ExitCode> {
+    let file = kmsg::open_kmsg(device, false)?;
     say(format!(
         "hangwatch: following {} (buffered messages first); Ctrl-C to stop",
         device.display()
     ));
-    let summary = kmsg::live::print_live(device, since, json, &mut std::io::stdout().lock())?;
+    let summary = kmsg::live::print_live(file, since, json, &mut std::io::stdout().lock())?;
     if summary.overruns > 0 {
         tracing::warn!(
             overruns = summary.overruns,
