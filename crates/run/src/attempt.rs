@@ -211,7 +211,8 @@ pub struct Attempt {
 
 impl Attempt {
     /// Runs the attempt to its exit code (the job's own, 75 for a hang hangwatch ended, 76 and 77 from the
-    /// requeue). An `Err` is a usage error found while starting (the hosted coordinator cannot listen).
+    /// requeue). An `Err` is something around the loop that could not start: the hosted coordinator's address
+    /// (a usage error) or the metrics' outlets.
     pub fn run(self) -> anyhow::Result<i32> {
         let Attempt {
             mut config,
