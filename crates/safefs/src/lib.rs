@@ -27,6 +27,9 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags, CWD};
 use rustix::io::Errno;
 
+mod handover;
+pub use handover::UsersDir;
+
 /// Directories hangwatch creates: only their owner may enter them.
 pub const DIR_MODE: u32 = 0o700;
 /// Files hangwatch creates: only their owner may read them.
@@ -95,6 +98,18 @@ pub enum SafeFsError {
     MakePrivate {
         path: PathBuf,
         mode: u32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} belongs to uid {owner}, not to uid {uid} whose evidence goes there: root hands nothing over into a \
+         directory someone else took; remove it (as its owner)"
+    )]
+    NotTheirs { path: PathBuf, owner: u32, uid: u32 },
+    #[error("cannot move {path} into {to}; it stays where it is")]
+    Move {
+        path: PathBuf,
+        to: PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -286,11 +301,19 @@ impl PrivateDir {
 
     /// The entries of this directory: name and kind (as stored in the directory, symlinks not followed).
     pub fn entries(&self) -> Result<Vec<(String, FoundKind)>, SafeFsError> {
+        PrivateDir::entries_of(self.fd.as_fd(), &self.path)
+    }
+
+    /// The entries of the directory open as `fd` (`path` for messages).
+    fn entries_of(
+        fd: BorrowedFd<'_>,
+        path: &Path,
+    ) -> Result<Vec<(String, FoundKind)>, SafeFsError> {
         let open_err = |e: Errno| SafeFsError::Open {
-            path: self.path.clone(),
+            path: path.to_path_buf(),
             source: e.into(),
         };
-        let mut dir = rustix::fs::Dir::read_from(&self.fd).map_err(open_err)?;
+        let mut dir = rustix::fs::Dir::read_from(fd).map_err(open_err)?;
         let mut out = Vec::new();
         while let Some(entry) = dir.read() {
             let entry = entry.map_err(open_err)?;
@@ -302,7 +325,7 @@ impl PrivateDir {
                 continue;
             };
             let kind = match entry.file_type() {
-                FileType::Unknown => rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW)
+                FileType::Unknown => rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW)
                     .map(|st| FileType::from_raw_mode(st.st_mode).into())
                     .unwrap_or(FoundKind::Other),
                 t => t.into(),
