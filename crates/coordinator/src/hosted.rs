@@ -204,7 +204,7 @@ mod tests {
     use hangwatch_rpc::{JobSecret, JobToken};
 
     fn config() -> Config {
-        let token = JobToken::new("job-token-0123456789abcdef").expect("token");
+        let token = JobToken::new("9c41e07b2a5fd8136e0b4a97c52d1f8e").expect("token");
         Config::new(JobSecret::new(token, "job-42").expect("link key"))
     }
 

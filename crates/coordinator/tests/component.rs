@@ -60,9 +60,11 @@ async fn an_agent_with_another_token_or_another_jobs_id_cannot_connect_changes_n
 ) {
     let (_, logs) = with_logs(async {
         let server = Server::start(config()).await;
-        let wrong_token =
-            JobSecret::new(JobToken::new("not-the-token").expect("token"), common::JOB)
-                .expect("key");
+        let wrong_token = JobSecret::new(
+            JobToken::new("5d2e8a41c09b7f36e1a4d8c25b90f7e3").expect("token"),
+            common::JOB,
+        )
+        .expect("key");
         let other_job = JobSecret::new(token(), "job-43").expect("key");
         for secret in [&wrong_token, &other_job] {
             let err = server

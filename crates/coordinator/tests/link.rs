@@ -1,6 +1,7 @@
 //! The link against strangers, over real sockets: a listener that does not hold the job's key learns nothing (the
 //! agent's first bytes are a TLS ClientHello, never the token or a call), a recorded session replayed does
-//! nothing, and 2,000 idle connections do not keep a roll call from being decided.
+//! nothing, 2,000 idle connections do not keep a roll call from being decided, and a flood of handshakes from many
+//! addresses does not keep a known node out.
 
 mod common;
 
@@ -301,6 +302,47 @@ async fn two_thousand_idle_connections_do_not_keep_a_roll_call_from_its_verdict(
     assert!(rejoined.is_ok(), "{:?}", rejoined.err());
     drop(idle);
     drop(agents);
+    server.shutdown().await;
+}
+
+/// The flood: 16 addresses holding 64 handshakes each used to take every slot (1,024), so a node of the job
+/// could not even rejoin until the deadline closed theirs. Now each address's share shrinks as slots run out, and
+/// a slot is kept for an address that proved the key before: the node gets in at its first try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_flooding_addresses_do_not_keep_a_known_node_from_rejoining_at_once() {
+    raise_open_file_limit(4096);
+    let server = Server::start(config()).await;
+    drop(server.client(&secret()).await);
+    let from = |last: u8| {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::from(([127, 0, 0, last], 0)))
+            .expect("bind a loopback address");
+        socket
+    };
+    let mut idle = Vec::new();
+    for last in 2..=17u8 {
+        for _ in 0..64 {
+            idle.push(from(last).connect(server.addr).await.expect("connect"));
+        }
+    }
+    // A connection after the flood from its first address is closed at once: the flood's are all held.
+    let mut probe = from(2).connect(server.addr).await.expect("connect");
+    let mut buf = [0u8; 16];
+    let closed = tokio::time::timeout(Duration::from_secs(2), probe.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "the flooding address is over its share: {closed:?}"
+    );
+    let started = std::time::Instant::now();
+    let rejoined = connect(&server.addr.to_string(), &secret(), Duration::from_secs(3)).await;
+    assert!(
+        rejoined.is_ok(),
+        "a known node gets a slot at once: {:?}",
+        rejoined.err()
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    drop(idle);
     server.shutdown().await;
 }
 

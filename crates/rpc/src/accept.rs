@@ -1,9 +1,8 @@
 //! The coordinator's side of the link: TCP connections accepted, each taken through the TLS handshake with the
-//! job's key under a deadline and within caps on handshakes in flight, and handed to the gRPC server only once
-//! the peer has proven the key. A stranger holds at most a few handshake slots for a few seconds and is never
-//! read past the handshake.
+//! job's key under a deadline and within a fair budget of handshakes in flight (crate::budget), and handed to the
+//! gRPC server only once the peer has proven the key. A stranger holds at most a few handshake slots for a few
+//! seconds and is never read past the handshake.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -18,19 +17,12 @@ use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::budget::{Admission, HandshakeBudget};
 use crate::tls::LinkKey;
 
 /// How long a connection may take to prove the job's key. A handshake takes milliseconds; the rest is a peer that
 /// says nothing (an idle stranger) or a wrong one.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
-
-/// Handshakes in flight at once, all peers together. Beyond it a new connection is closed at once (an agent
-/// retries within seconds); those already joined are not affected.
-pub const MAX_HANDSHAKES: usize = 1024;
-
-/// Handshakes in flight from one address: one node's agent needs one, so a stranger on one host cannot take the
-/// slots of every other node.
-pub const MAX_HANDSHAKES_PER_ADDRESS: usize = 64;
 
 /// How often a refused-connection summary is logged at most.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -89,44 +81,15 @@ impl AsyncWrite for LinkConnection {
     }
 }
 
-/// Handshake slots in use, in total and per peer address.
-#[derive(Default)]
-struct Slots {
-    total: usize,
-    by_address: HashMap<IpAddr, usize>,
-}
-
-impl Slots {
-    fn take(&mut self, ip: IpAddr) -> bool {
-        let mine = self.by_address.entry(ip).or_default();
-        if self.total >= MAX_HANDSHAKES || *mine >= MAX_HANDSHAKES_PER_ADDRESS {
-            return false;
-        }
-        *mine += 1;
-        self.total += 1;
-        true
-    }
-
-    fn give_back(&mut self, ip: IpAddr) {
-        self.total = self.total.saturating_sub(1);
-        if let Some(n) = self.by_address.get_mut(&ip) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.by_address.remove(&ip);
-            }
-        }
-    }
-}
-
 /// A slot held for the length of one handshake.
 struct Slot {
-    slots: Arc<Mutex<Slots>>,
+    budget: Arc<Mutex<HandshakeBudget>>,
     ip: IpAddr,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        lock(&self.slots).give_back(self.ip);
+        lock(&self.budget).finished(self.ip);
     }
 }
 
@@ -185,7 +148,7 @@ pub fn accept_link(
 ) -> ReceiverStream<io::Result<LinkConnection>> {
     let (tx, rx) = mpsc::channel::<io::Result<LinkConnection>>(64);
     let acceptor = tokio_rustls::TlsAcceptor::from(key.server_config());
-    let slots = Arc::new(Mutex::new(Slots::default()));
+    let budget = Arc::new(Mutex::new(HandshakeBudget::new()));
     let refusals = Arc::new(Mutex::new(Refusals::default()));
     tokio::spawn(async move {
         loop {
@@ -202,16 +165,18 @@ pub fn accept_link(
                     continue;
                 }
             };
-            if !lock(&slots).take(peer.ip()) {
+            let admission = lock(&budget).admit(peer.ip());
+            if admission != Admission::Admitted {
                 drop(tcp);
-                lock(&refusals).note(peer, "too many handshakes in flight");
+                lock(&refusals).note(peer, admission.reason());
                 continue;
             }
             let slot = Slot {
-                slots: Arc::clone(&slots),
+                budget: Arc::clone(&budget),
                 ip: peer.ip(),
             };
             let (acceptor, tx, refusals) = (acceptor.clone(), tx.clone(), Arc::clone(&refusals));
+            let budget_after = Arc::clone(&budget);
             tokio::spawn(async move {
                 let _ = tcp.set_nodelay(true);
                 let info = TcpConnectInfo {
@@ -224,6 +189,7 @@ pub fn accept_link(
                 match handshake {
                     Ok(Ok(tls)) => {
                         tracing::debug!(%peer, "a peer proved the job's key");
+                        lock(&budget_after).proved(peer.ip());
                         let _ = tx.send(Ok(LinkConnection { tls, info })).await;
                     }
                     Ok(Err(e)) => lock(&refusals).note(peer, &handshake_failure(&e)),
@@ -233,27 +199,4 @@ pub fn accept_link(
         }
     });
     ReceiverStream::new(rx)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_address_cannot_take_every_handshake_slot() {
-        let mut slots = Slots::default();
-        let stranger: IpAddr = [10, 0, 0, 9].into();
-        let agent: IpAddr = [10, 0, 0, 2].into();
-        let taken = (0..1000).filter(|_| slots.take(stranger)).count();
-        assert_eq!(taken, MAX_HANDSHAKES_PER_ADDRESS);
-        assert!(slots.take(agent), "another node still gets a slot");
-        slots.give_back(stranger);
-        assert!(slots.take(stranger), "a slot given back is free again");
-        for _ in 0..MAX_HANDSHAKES_PER_ADDRESS {
-            slots.give_back(stranger);
-        }
-        slots.give_back(agent);
-        assert_eq!(slots.total, 0);
-        assert!(slots.by_address.is_empty());
-    }
 }

@@ -8,6 +8,7 @@ use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Status};
 
+use crate::strength::{check_token_strength, Weakness};
 use crate::tls::{LinkKey, LinkKeyError};
 
 /// The metadata header that carries the token, as `Bearer <token>`.
@@ -18,12 +19,18 @@ const BEARER: &str = "Bearer ";
 /// A token that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    #[error("the job token is empty: put a random secret (e.g. `openssl rand -hex 32`) in the token file")]
+    #[error("the job token is empty: make one with `hangwatch token new FILE`")]
     Empty,
     #[error(
         "the job token may only hold printable ASCII without spaces (it travels in a gRPC header)"
     )]
     NotPrintable,
+    /// Too guessable to derive the link's key from (crate::strength says why the bar is where it is).
+    #[error(
+        "the job token is too weak: {0}; anyone who can reach the coordinator could guess it offline: make a \
+         fresh one with `hangwatch token new FILE` (256 random bits)"
+    )]
+    Weak(Weakness),
 }
 
 /// The shared secret of one job. `Debug` never shows it.
@@ -32,6 +39,8 @@ pub struct JobToken(Arc<str>);
 
 impl JobToken {
     /// A token from the contents of a token file; surrounding whitespace (a trailing newline) is not part of it.
+    /// A token weaker than [`crate::MIN_TOKEN_BITS`] (by [`crate::check_token_strength`]) is refused: no link key is
+    /// ever derived from one.
     pub fn new(text: &str) -> Result<Self, TokenError> {
         let token = text.trim();
         if token.is_empty() {
@@ -40,6 +49,7 @@ impl JobToken {
         if !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(TokenError::NotPrintable);
         }
+        check_token_strength(token).map_err(TokenError::Weak)?;
         Ok(Self(token.into()))
     }
 
@@ -167,6 +177,8 @@ mod tests {
     use super::*;
     use tonic::service::Interceptor;
 
+    const TOKEN: &str = "3f9a0c7e5b21d84c6e0f1a9b7d3c2e58";
+
     fn call(check: &mut CheckToken, header: Option<&str>) -> Result<(), Status> {
         let mut request = Request::new(());
         if let Some(h) = header {
@@ -179,17 +191,17 @@ mod tests {
 
     #[test]
     fn only_the_right_token_passes() {
-        let token = JobToken::new("s3cret\n").expect("token");
+        let token = JobToken::new(&format!("{TOKEN}\n")).expect("token");
         let mut check = CheckToken::new(token.clone());
-        assert!(call(&mut check, Some("Bearer s3cret")).is_ok());
+        assert!(call(&mut check, Some(&format!("Bearer {TOKEN}"))).is_ok());
         for bad in [
             None,
-            Some("Bearer s3cre"),
-            Some("Bearer s3cret2"),
-            Some("s3cret"),
-            Some("Bearer "),
+            Some(format!("Bearer {}", &TOKEN[1..])),
+            Some(format!("Bearer {TOKEN}2")),
+            Some(TOKEN.to_string()),
+            Some("Bearer ".to_string()),
         ] {
-            let err = call(&mut check, bad).expect_err("refused");
+            let err = call(&mut check, bad.as_deref()).expect_err("refused");
             assert_eq!(err.code(), tonic::Code::Unauthenticated, "{bad:?}");
             assert!(err.message().contains("job token"), "{}", err.message());
         }
@@ -205,7 +217,20 @@ mod tests {
             JobToken::new("a b"),
             Err(TokenError::NotPrintable)
         ));
-        let t = JobToken::new("abc").expect("token");
+        let t = JobToken::new(TOKEN).expect("token");
         assert_eq!(format!("{t:?}"), "JobToken(<redacted>)");
+    }
+
+    #[test]
+    fn a_weak_token_is_refused_with_the_command_that_makes_a_good_one() {
+        let err = JobToken::new("abc\n").expect_err("weak");
+        assert!(matches!(err, TokenError::Weak(_)), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.contains("about 12 bits") && message.contains("hangwatch token new FILE"),
+            "{message}"
+        );
+        let fresh = crate::new_token_text().expect("random");
+        assert!(JobToken::new(&fresh).is_ok());
     }
 }

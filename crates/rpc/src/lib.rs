@@ -1,20 +1,30 @@
 //! The agent<->coordinator protocol (docs/coordinator-protocol.md): the generated gRPC types, TLS with the job's
-//! key on every connection, the per-job token checked on every call, typed refusals, the size and deadline limits, and the coalescing of progress reports.
+//! key on every connection, the per-job token checked on every call (and refused when it is too weak), the fair
+//! budget of handshakes in flight, typed refusals, the size and deadline limits, and the coalescing of progress
+//! reports.
 
 mod accept;
 mod auth;
+mod budget;
 mod client;
 mod progress;
 mod refusal;
+mod strength;
 pub mod tls;
 
-pub use accept::{
-    accept_link, LinkConnection, HANDSHAKE_DEADLINE, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS,
-};
+pub use accept::{accept_link, LinkConnection, HANDSHAKE_DEADLINE};
 pub use auth::{CheckToken, JobSecret, JobToken, SendToken, TokenError, TOKEN_HEADER};
+pub use budget::{
+    Admission, HandshakeBudget, MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS, MAX_KNOWN_ADDRESSES,
+    MAX_RESERVED_FOR_KNOWN,
+};
 pub use client::{connect, with_deadline, Client, ConnectError};
 pub use progress::ProgressCoalescer;
 pub use refusal::{Refusal, RefusalKind, REFUSAL_HEADER};
+pub use strength::{
+    check_token_strength, new_token_text, token_strength, Alphabet, NoRandomness, TokenStrength,
+    Weakness, MIN_DISTINCT_CHARACTERS, MIN_TOKEN_BITS, NEW_TOKEN_BYTES,
+};
 pub use tls::{LinkKey, LinkKeyError};
 
 use std::time::Duration;

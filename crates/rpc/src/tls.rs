@@ -292,10 +292,19 @@ mod tests {
 
     #[test]
     fn the_key_depends_on_the_token_and_on_the_job_and_on_nothing_else() {
-        let a = key("s3cret", "job-1");
-        assert_eq!(a.public, key("s3cret\n", "job-1").public, "same inputs");
-        assert_ne!(a.public, key("s3cret", "job-2").public, "another job");
-        assert_ne!(a.public, key("s3cre7", "job-1").public, "another token");
+        let token = "3f9a0c7e5b21d84c6e0f1a9b7d3c2e58";
+        let a = key(token, "job-1");
+        assert_eq!(
+            a.public,
+            key(&format!("{token}\n"), "job-1").public,
+            "same inputs"
+        );
+        assert_ne!(a.public, key(token, "job-2").public, "another job");
+        assert_ne!(
+            a.public,
+            key("3f9a0c7e5b21d84c6e0f1a9b7d3c2e59", "job-1").public,
+            "another token"
+        );
         assert_eq!(a.id().len(), 8);
         assert_eq!(format!("{a:?}"), format!("LinkKey({})", a.id()));
     }

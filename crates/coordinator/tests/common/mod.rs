@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
-pub const TOKEN: &str = "job-token-0123456789abcdef";
+pub const TOKEN: &str = "9c41e07b2a5fd8136e0b4a97c52d1f8e";
 pub const JOB: &str = "job-42";
 
 pub fn token() -> JobToken {
