@@ -54,6 +54,8 @@ pub enum CredentialsError {
     BadPort { value: String },
     #[error(transparent)]
     PasswordFile(#[from] TargetError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// One line of a password file: `hostname:port:database:username:password`, each of the first four `*` for any.
@@ -108,15 +110,66 @@ pub fn parse_pgpass(text: &str) -> Vec<PgpassEntry> {
         .collect()
 }
 
-/// The client configuration for `target`: its URL completed from `env` as libpq would, the password from the
-/// password file, the URL, `PGPASSWORD` or `.pgpass`, in that order; `connect_timeout` bounds each TCP connect.
+/// The client configuration for `target`: its URL (without its TLS parameters: [`crate::tls::split`]) completed
+/// from `env` as libpq would, the password from the password file, the URL, `PGPASSWORD` or `.pgpass`, in that
+/// order; `connect_timeout` bounds each TCP connect.
 pub fn client_config(
     target: &FleetTarget,
     env: &dyn Environment,
     connect_timeout: Duration,
 ) -> Result<postgres::Config, CredentialsError> {
-    let mut config = postgres::Config::from_str(&target.url)
-        .map_err(|source| CredentialsError::BadUrl { source })?;
+    settings(target, env, connect_timeout, true)
+}
+
+/// [`client_config`] without any password: for a link that is not encrypted, where none is ever sent.
+pub fn client_config_without_password(
+    target: &FleetTarget,
+    env: &dyn Environment,
+    connect_timeout: Duration,
+) -> Result<postgres::Config, CredentialsError> {
+    settings(target, env, connect_timeout, false)
+}
+
+fn settings(
+    target: &FleetTarget,
+    env: &dyn Environment,
+    connect_timeout: Duration,
+    with_password: bool,
+) -> Result<postgres::Config, CredentialsError> {
+    let (url, _) = crate::tls::split(&target.url);
+    let mut config =
+        postgres::Config::from_str(&url).map_err(|source| CredentialsError::BadUrl { source })?;
+    if !with_password {
+        // The URL's own password, if any, must not reach an unencrypted link either.
+        let mut bare = postgres::Config::new();
+        for host in config.get_hosts() {
+            match host {
+                Host::Tcp(name) => bare.host(name),
+                Host::Unix(path) => bare.host_path(path),
+            };
+        }
+        for addr in config.get_hostaddrs() {
+            bare.hostaddr(*addr);
+        }
+        for port in config.get_ports() {
+            bare.port(*port);
+        }
+        if let Some(user) = config.get_user() {
+            bare.user(user);
+        }
+        if let Some(dbname) = config.get_dbname() {
+            bare.dbname(dbname);
+        }
+        if let Some(options) = config.get_options() {
+            bare.options(options);
+        }
+        if let Some(timeout) = config.get_tcp_user_timeout() {
+            bare.tcp_user_timeout(*timeout);
+        }
+        bare.target_session_attrs(config.get_target_session_attrs())
+            .load_balance_hosts(config.get_load_balance_hosts());
+        config = bare;
+    }
     if config.get_hosts().is_empty() {
         let host = env
             .var("PGHOST")
@@ -142,7 +195,8 @@ pub fn client_config(
     if config.get_dbname().is_none() {
         config.dbname(&env.var("PGDATABASE").unwrap_or_else(|| user.clone()));
     }
-    if let Some(path) = &target.password_file {
+    if !with_password {
+    } else if let Some(path) = &target.password_file {
         config.password(read_password_file(path)?);
     } else if config.get_password().is_none() {
         if let Some(password) = env.var("PGPASSWORD") {

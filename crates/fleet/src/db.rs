@@ -7,11 +7,15 @@ use std::time::Duration;
 
 use hangwatch_history::{Fingerprint, FleetTarget, PendingVerdict};
 use hangwatch_model::{utc_time, Recurrence, RecurrenceSource, VerdictKind};
+use postgres::config::SslMode as PgSslMode;
 use postgres::{Client, NoTls};
 use serde::Serialize;
 
-use crate::credentials::{client_config, describe, CredentialsError, Environment};
+use crate::credentials::{
+    client_config, client_config_without_password, describe, CredentialsError, Environment,
+};
 use crate::incident::{incident_from, sightings_from, EarlierRow, NearbyRow};
+use crate::tls::{Link, SslMode};
 
 /// The schema, one entry per version: entry N takes the database from version N to N+1. Append only.
 const MIGRATIONS: &[&str] = &[
@@ -71,6 +75,26 @@ pub enum ConnectError {
     Settings(#[from] CredentialsError),
     #[error("cannot connect to the fleet database {database}")]
     Connect {
+        database: String,
+        #[source]
+        source: postgres::Error,
+    },
+    #[error("the fleet database {database} does not offer TLS, and hangwatch sends no verdict and no password unencrypted: give the server a certificate (ssl = on, ssl_cert_file and ssl_key_file in postgresql.conf) and name the CA that signed it with history_ca in the site configuration (or --history-ca FILE); or, only on a network you trust, set insecure_history = true in the site configuration")]
+    ServerWithoutTls {
+        database: String,
+        #[source]
+        source: postgres::Error,
+    },
+    #[error("the fleet database {database} presented a certificate that {trusted} does not vouch for, or not for the host name in the URL: name the CA that signed the server's certificate with history_ca in the site configuration (or --history-ca FILE), and connect by a name the certificate lists")]
+    Certificate {
+        database: String,
+        /// The CA file, or the default roots, in words.
+        trusted: String,
+        #[source]
+        source: postgres::Error,
+    },
+    #[error("the fleet database {database} asks for a password over an unencrypted link, and hangwatch never sends one there: give the server a certificate and name its CA with history_ca (then the password goes encrypted), or let the nodes in without a password (pg_hba.conf)")]
+    PasswordWithheld {
         database: String,
         #[source]
         source: postgres::Error,
@@ -169,19 +193,69 @@ impl FleetDb {
     /// Connects to `target` (credentials from `env` as libpq would take them) and brings the schema up to
     /// [`SCHEMA_VERSION`]. Blocks as long as the server takes: callers that must not wait run it under a deadline
     /// ([`crate::within`]); `connect_timeout` bounds the TCP connect only.
+    ///
+    /// The link is the URL's `sslmode` ([`crate::tls`]; `verify-full` when it names none): TLS with the server's
+    /// certificate checked against the URL's `sslrootcert` (else webpki-roots) and its name against the host;
+    /// an unencrypted link only where the URL asks for one, which [`crate::resolve`] allows only when the site
+    /// does, and then without a password.
     pub fn connect(
         target: &FleetTarget,
         env: &dyn Environment,
         connect_timeout: Duration,
     ) -> Result<FleetDb, ConnectError> {
-        let config = client_config(target, env, connect_timeout)?;
+        let mut config = client_config(target, env, connect_timeout)?;
         let database = describe(&config);
-        let client = config
-            .connect(NoTls)
-            .map_err(|source| ConnectError::Connect {
-                database: database.clone(),
-                source,
-            })?;
+        let params = crate::tls::split(&target.url).1;
+        let mode = params
+            .mode(SslMode::VerifyFull)
+            .map_err(CredentialsError::from)?;
+        let ca = params.sslrootcert.as_deref();
+        let verified = |config: &mut postgres::Config| -> Result<Client, ConnectError> {
+            let tls = crate::tls::connector(ca).map_err(CredentialsError::from)?;
+            config
+                .ssl_mode(PgSslMode::Require)
+                .connect(tls)
+                .map_err(|source| tls_error(&database, ca, source))
+        };
+        let plain = || -> Result<Client, ConnectError> {
+            let mut bare = client_config_without_password(target, env, connect_timeout)?;
+            let withheld = config.get_password().is_some();
+            bare.ssl_mode(PgSslMode::Disable)
+                .connect(NoTls)
+                .map_err(|source| {
+                    if withheld && chain_says(&source, "password missing") {
+                        ConnectError::PasswordWithheld {
+                            database: database.clone(),
+                            source,
+                        }
+                    } else {
+                        ConnectError::Connect {
+                            database: database.clone(),
+                            source,
+                        }
+                    }
+                })
+        };
+        let client = match Link::of(mode, config.get_hosts()) {
+            Link::Local => {
+                config
+                    .ssl_mode(PgSslMode::Disable)
+                    .connect(NoTls)
+                    .map_err(|source| ConnectError::Connect {
+                        database: database.clone(),
+                        source,
+                    })?
+            }
+            Link::Verified => verified(&mut config)?,
+            Link::Plain => plain()?,
+            Link::Opportunistic => match verified(&mut config.clone()) {
+                Err(ConnectError::ServerWithoutTls { .. }) => {
+                    tracing::warn!(database = %database, "the fleet database offers no TLS: verdicts go unencrypted, as the site allows (insecure_history)");
+                    plain()?
+                }
+                other => other?,
+            },
+        };
         let mut db = FleetDb { client, database };
         db.migrate()?;
         Ok(db)
@@ -568,6 +642,43 @@ impl FleetDb {
     pub fn client(&mut self) -> &mut Client {
         &mut self.client
     }
+}
+
+/// A failed TLS connection in words: the server offers no TLS, its certificate is not vouched for, or another
+/// failure.
+fn tls_error(
+    database: &str,
+    ca: Option<&std::path::Path>,
+    source: postgres::Error,
+) -> ConnectError {
+    let database = database.to_string();
+    if chain_says(&source, "server does not support TLS") {
+        return ConnectError::ServerWithoutTls { database, source };
+    }
+    if let Some(rustls::Error::InvalidCertificate(_)) = crate::tls::rustls_cause(&source) {
+        let trusted = match ca {
+            Some(path) => format!("the CA file {}", path.display()),
+            None => "the default roots (webpki-roots; no history_ca is set)".to_string(),
+        };
+        return ConnectError::Certificate {
+            database,
+            trusted,
+            source,
+        };
+    }
+    ConnectError::Connect { database, source }
+}
+
+/// Whether `error` or one of its causes says `needle` (tokio-postgres keeps these kinds private).
+fn chain_says(error: &postgres::Error, needle: &str) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = next {
+        if e.to_string().contains(needle) {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// The fleet database's key for a node's row: the same row shipped twice is stored once. The node and its

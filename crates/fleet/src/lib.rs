@@ -11,6 +11,7 @@ pub mod incident;
 pub mod record;
 pub mod table;
 pub mod target;
+pub mod tls;
 
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ pub use db::{
 pub use hangwatch_history::FleetTarget;
 pub use record::{record_child_main, ship_backlog, ship_child_main, ShipReport};
 pub use target::{
-    check_password_file, resolve, TargetError, UrlSources, DEFAULT_DEADLINE_S,
+    check_password_file, resolve, TargetError, TlsPolicy, UrlSources, DEFAULT_DEADLINE_S,
     DEFAULT_INCIDENT_WINDOW_S, URL_ENV,
 };
 

@@ -10,6 +10,8 @@ use std::str::FromStr;
 
 use hangwatch_history::FleetTarget;
 
+use crate::tls::{SslMode, TlsError};
+
 /// How long a verdict waits for the fleet database by default (inside `run`'s 3 s for the whole recording).
 pub const DEFAULT_DEADLINE_S: f64 = 2.0;
 
@@ -51,14 +53,33 @@ pub enum TargetError {
     },
     #[error("--history-password-file is set but no fleet database is: give --history-url or HANGWATCH_HISTORY_URL")]
     PasswordFileWithoutUrl,
+    #[error("the fleet database link in {from} would not be encrypted (sslmode={mode}): verdicts and the password would cross the network in the clear, and anyone on the path could forge the fleet's history. Give the server a certificate (ssl = on in postgresql.conf), name the CA that signed it with history_ca in the site configuration (or --history-ca FILE), and leave sslmode out of the URL (verify-full is the default); or, only on a network you trust, set insecure_history = true in the site configuration")]
+    PlainLink { from: &'static str, mode: SslMode },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+/// What the site says about the fleet database link's TLS.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsPolicy {
+    /// `history_ca` (`--history-ca`): a PEM file of the CA that signed the server's certificate; `None`: the
+    /// URL's `sslrootcert`, else webpki-roots (Mozilla's roots).
+    pub ca_file: Option<PathBuf>,
+    /// `insecure_history`: the link may go unencrypted (`sslmode` disable, allow or prefer; `prefer` when the
+    /// URL names none). No password is ever sent over such a link.
+    pub insecure: bool,
 }
 
 /// The fleet database to use (`None`: none is set), from the first of `sources` that is set. Checks what can be
-/// checked before connecting: no password in a URL from argv, a private password file.
+/// checked before connecting: no password in a URL from argv, a private password file, a link that would go
+/// unencrypted only where `tls` allows it, a readable CA file. The target's URL then carries its `sslmode` and
+/// `sslrootcert` (libpq's parameters), so that the recording children, which read no configuration, connect
+/// as this process decided.
 pub fn resolve(
     sources: &UrlSources,
     password_file: Option<PathBuf>,
     incident_window_s: f64,
+    tls: &TlsPolicy,
 ) -> Result<Option<FleetTarget>, TargetError> {
     let (url, from) = match (&sources.flag, &sources.env, &sources.config) {
         (Some(url), _, _) => (url, "--history-url"),
@@ -69,7 +90,8 @@ pub fn resolve(
         }
         (None, None, None) => return Ok(None),
     };
-    let config = postgres::Config::from_str(url).map_err(|e| TargetError::BadUrl {
+    let (bare, params) = crate::tls::split(url);
+    let config = postgres::Config::from_str(&bare).map_err(|e| TargetError::BadUrl {
         from,
         url_shape: "postgresql://user@host:port/dbname",
         reason: e.to_string(),
@@ -80,8 +102,21 @@ pub fn resolve(
     if let Some(path) = &password_file {
         check_password_file(path)?;
     }
+    let default_mode = if tls.insecure {
+        SslMode::Prefer
+    } else {
+        SslMode::VerifyFull
+    };
+    let mode = params.mode(default_mode)?;
+    if mode.may_be_plain() && !tls.insecure {
+        return Err(TargetError::PlainLink { from, mode });
+    }
+    let ca = params.sslrootcert.or_else(|| tls.ca_file.clone());
+    if let Some(path) = &ca {
+        crate::tls::read_ca(path)?;
+    }
     Ok(Some(FleetTarget {
-        url: url.clone(),
+        url: crate::tls::join(&bare, mode, ca.as_deref()),
         password_file,
         incident_window_s,
         deadline_s: DEFAULT_DEADLINE_S,
@@ -128,13 +163,23 @@ mod tests {
 
     #[test]
     fn a_password_on_the_command_line_is_refused_with_where_to_put_it() {
-        let err = resolve(&flag("postgresql://hw:secret@db:5432/fleet"), None, 900.0)
-            .expect_err("refused");
+        let err = resolve(
+            &flag("postgresql://hw:secret@db:5432/fleet"),
+            None,
+            900.0,
+            &TlsPolicy::default(),
+        )
+        .expect_err("refused");
         assert!(matches!(err, TargetError::PasswordInArgv));
         let text = err.to_string();
         assert!(text.contains("~/.pgpass") && text.contains("--history-password-file"));
-        let err =
-            resolve(&flag("host=db user=hw password=secret"), None, 900.0).expect_err("refused");
+        let err = resolve(
+            &flag("host=db user=hw password=secret"),
+            None,
+            900.0,
+            &TlsPolicy::default(),
+        )
+        .expect_err("refused");
         assert!(matches!(err, TargetError::PasswordInArgv));
     }
 
@@ -145,18 +190,27 @@ mod tests {
             env: Some("postgresql://hw:secret@db/fleet".into()),
             config: Some("postgresql://other@db/fleet".into()),
         };
-        let target = resolve(&sources, None, 900.0).unwrap().expect("a target");
-        assert_eq!(target.url, "postgresql://hw:secret@db/fleet");
+        let target = resolve(&sources, None, 900.0, &TlsPolicy::default())
+            .unwrap()
+            .expect("a target");
+        assert_eq!(
+            target.url,
+            "postgresql://hw:secret@db/fleet?sslmode=verify-full"
+        );
         let sources = UrlSources {
             flag: Some("postgresql://hw@db2/fleet".into()),
             ..sources
         };
-        let target = resolve(&sources, None, 60.0).unwrap().expect("a target");
-        assert_eq!(target.url, "postgresql://hw@db2/fleet");
-        assert_eq!(target.incident_window_s, 60.0);
-        assert!(resolve(&UrlSources::default(), None, 900.0)
+        let target = resolve(&sources, None, 60.0, &TlsPolicy::default())
             .unwrap()
-            .is_none());
+            .expect("a target");
+        assert_eq!(target.url, "postgresql://hw@db2/fleet?sslmode=verify-full");
+        assert_eq!(target.incident_window_s, 60.0);
+        assert!(
+            resolve(&UrlSources::default(), None, 900.0, &TlsPolicy::default())
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]
@@ -165,18 +219,111 @@ mod tests {
         let path = dir.path().join("pw");
         std::fs::write(&path, "secret\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let err = resolve(&flag("postgresql://hw@db/fleet"), Some(path.clone()), 900.0)
-            .expect_err("refused");
+        let err = resolve(
+            &flag("postgresql://hw@db/fleet"),
+            Some(path.clone()),
+            900.0,
+            &TlsPolicy::default(),
+        )
+        .expect_err("refused");
         assert!(err.to_string().contains("mode 0644"), "{err}");
         assert!(err.to_string().contains("chmod 600"), "{err}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(read_password_file(&path).unwrap(), "secret");
-        assert!(resolve(&flag("postgresql://hw@db/fleet"), Some(path), 900.0).is_ok());
+        assert!(resolve(
+            &flag("postgresql://hw@db/fleet"),
+            Some(path),
+            900.0,
+            &TlsPolicy::default()
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn an_unencrypted_link_is_refused_with_the_fix_unless_the_site_allows_it() {
+        for url in [
+            "postgresql://hw@db/fleet?sslmode=disable",
+            "postgresql://hw@db/fleet?sslmode=prefer",
+            "host=db user=hw sslmode=allow",
+        ] {
+            let err = resolve(&flag(url), None, 900.0, &TlsPolicy::default()).expect_err("refused");
+            assert!(matches!(err, TargetError::PlainLink { .. }), "{url}: {err}");
+            let text = err.to_string();
+            assert!(
+                text.contains("would not be encrypted")
+                    && text.contains("history_ca")
+                    && text.contains("insecure_history = true"),
+                "{text}"
+            );
+        }
+        let insecure = TlsPolicy {
+            ca_file: None,
+            insecure: true,
+        };
+        let target = resolve(
+            &flag("postgresql://hw@db/fleet?sslmode=disable"),
+            None,
+            900.0,
+            &insecure,
+        )
+        .unwrap()
+        .expect("allowed");
+        assert_eq!(target.url, "postgresql://hw@db/fleet?sslmode=disable");
+        let target = resolve(&flag("postgresql://hw@db/fleet"), None, 900.0, &insecure)
+            .unwrap()
+            .expect("allowed");
+        assert_eq!(
+            target.url, "postgresql://hw@db/fleet?sslmode=prefer",
+            "TLS when the server offers it"
+        );
+        let err = resolve(
+            &flag("postgresql://hw@db/fleet?sslmode=verify_full"),
+            None,
+            900.0,
+            &insecure,
+        )
+        .expect_err("unknown mode");
+        assert!(err.to_string().contains("not a mode libpq knows"), "{err}");
+    }
+
+    #[test]
+    fn the_sites_ca_goes_into_the_url_unless_the_url_names_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "no certificate here\n").unwrap();
+        let site = TlsPolicy {
+            ca_file: Some(ca.clone()),
+            insecure: false,
+        };
+        let err =
+            resolve(&flag("postgresql://hw@db/fleet"), None, 900.0, &site).expect_err("not a CA");
+        assert!(
+            err.to_string().contains("holds no PEM certificate"),
+            "{err}"
+        );
+        let own = dir.path().join("own.pem");
+        let err = resolve(
+            &flag(&format!(
+                "postgresql://hw@db/fleet?sslrootcert={}",
+                own.display()
+            )),
+            None,
+            900.0,
+            &site,
+        )
+        .expect_err("the URL's file is read");
+        assert!(err.to_string().contains("own.pem"), "{err}");
     }
 
     #[test]
     fn garbage_is_not_a_url() {
-        let err = resolve(&flag("postgresql://db:notaport/x"), None, 900.0).expect_err("bad");
+        let err = resolve(
+            &flag("postgresql://db:notaport/x"),
+            None,
+            900.0,
+            &TlsPolicy::default(),
+        )
+        .expect_err("bad");
         assert!(err.to_string().contains("--history-url"), "{err}");
     }
 }

@@ -2,6 +2,11 @@
 //! nodes with their own local histories see each other's hang and one incident; a stopped server and one that
 //! accepts and never answers cost no more than the deadline, and what waited ships when the server is back; a
 //! database from a newer hangwatch is refused and left alone; a role with only INSERT and SELECT can ship.
+//!
+//! The server serves TLS only (`hostssl`): every one of these goes through TLS with its certificate verified.
+//! The link's own tests: the server sees hangwatch's connection encrypted; a certificate from another CA or for
+//! another name is refused; a server without TLS is refused by default, and used (without a password) only
+//! where the URL says so, which only `insecure_history` allows (crates/fleet/src/target.rs).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -290,7 +295,11 @@ fn a_role_with_only_insert_and_select_ships_and_looks_up() {
     std::fs::set_permissions(&pw, std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .expect("chmod");
     let fleet = FleetTarget {
-        url: format!("postgresql://hw_node@127.0.0.1:{}/postgres", server.port()),
+        url: format!(
+            "postgresql://hw_node@127.0.0.1:{}/postgres?sslrootcert={}",
+            server.port(),
+            server.ca_file().expect("a CA").display()
+        ),
         password_file: Some(pw),
         incident_window_s: 900.0,
         deadline_s: 10.0,
@@ -540,4 +549,122 @@ fn two_containers_that_call_one_filesystem_by_different_paths_are_one_incident()
             .all(|o| o.job_id.as_deref() != Some("2") && o.job_id.as_deref() != Some("1"))),
         "{third:?}"
     );
+}
+
+#[test]
+fn the_server_sees_hangwatchs_connection_encrypted_and_refuses_an_unencrypted_one() {
+    let server = require!(PostgresServer::start());
+    let mut db = FleetDb::connect(&target(&server, 10.0), &ProcessEnv, Duration::from_secs(10))
+        .expect("connected through TLS");
+    let own: bool = db
+        .client()
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .expect("pg_stat_ssl")
+        .get(0);
+    assert!(own, "the connection's own row says ssl");
+    let seen = server
+        .psql(
+            "SELECT s.ssl, s.version FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+             WHERE a.application_name = 'hangwatch' AND s.pid <> pg_backend_pid()",
+        )
+        .expect("psql");
+    assert!(seen.starts_with("t|TLSv1."), "the server sees: {seen:?}");
+    drop(db);
+
+    // The same server, asked for an unencrypted link (what only insecure_history lets through): hostssl only.
+    let mut plain = target(&server, 10.0);
+    plain.url = format!("{}?sslmode=disable", server.bare_url());
+    plain.password_file = None;
+    let err = FleetDb::connect(&plain, &ProcessEnv, Duration::from_secs(10))
+        .err()
+        .expect("refused by the server");
+    let text = hangwatch_model::error_chain(&err);
+    assert!(text.contains("no encryption"), "{text}");
+}
+
+#[test]
+fn a_certificate_from_another_ca_or_for_another_name_is_refused() {
+    let server = require!(PostgresServer::start());
+    let mut fleet = target(&server, 10.0);
+    fleet.url = server.bare_url();
+    let err = FleetDb::connect(&fleet, &ProcessEnv, Duration::from_secs(10))
+        .err()
+        .expect("webpki-roots do not know the test's CA");
+    assert!(matches!(err, ConnectError::Certificate { .. }), "{err}");
+    let text = hangwatch_model::error_chain(&err);
+    assert!(
+        text.contains("history_ca") && text.contains("UnknownIssuer"),
+        "{text}"
+    );
+
+    // The right CA, but a host name the certificate does not list (reached at its address all the same).
+    let ca = server.ca_file().expect("a CA");
+    fleet.url = format!(
+        "postgresql://hangwatch@db.invalid:{}/postgres?hostaddr=127.0.0.1&sslrootcert={}",
+        server.port(),
+        ca.display()
+    );
+    let err = FleetDb::connect(&fleet, &ProcessEnv, Duration::from_secs(10))
+        .err()
+        .expect("not this name");
+    assert!(matches!(err, ConnectError::Certificate { .. }), "{err}");
+    let text = hangwatch_model::error_chain(&err);
+    assert!(text.contains("not valid for name \"db.invalid\""), "{text}");
+    fleet.url = format!(
+        "postgresql://hangwatch@localhost:{}/postgres?hostaddr=127.0.0.1&sslrootcert={}",
+        server.port(),
+        ca.display()
+    );
+    FleetDb::connect(&fleet, &ProcessEnv, Duration::from_secs(10)).expect("a name it lists");
+}
+
+#[test]
+fn a_server_without_tls_is_refused_and_used_only_as_asked_and_never_with_the_password() {
+    let server = require!(PostgresServer::start_without_tls());
+    let err = FleetDb::connect(&target(&server, 10.0), &ProcessEnv, Duration::from_secs(10))
+        .err()
+        .expect("verify-full needs TLS");
+    assert!(
+        matches!(err, ConnectError::ServerWithoutTls { .. }),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("does not offer TLS")
+            && text.contains("history_ca")
+            && text.contains("insecure_history = true"),
+        "{text}"
+    );
+
+    // What insecure_history makes of a URL without sslmode: prefer. The server wants a password: not sent.
+    let mut prefer = target(&server, 10.0);
+    prefer.url = format!("{}?sslmode=prefer", server.bare_url());
+    let err = FleetDb::connect(&prefer, &ProcessEnv, Duration::from_secs(10))
+        .err()
+        .expect("no password over a plain link");
+    assert!(
+        matches!(err, ConnectError::PasswordWithheld { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("never sends one there"), "{err}");
+
+    server.set_host_lines("host", "trust").expect("trust");
+    for mode in ["prefer", "disable"] {
+        let mut fleet = target(&server, 10.0);
+        fleet.url = format!("{}?sslmode={mode}", server.bare_url());
+        let mut db = FleetDb::connect(&fleet, &ProcessEnv, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{mode}: {}", hangwatch_model::error_chain(&e)));
+        let ssl: bool = db
+            .client()
+            .query_one(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .expect("pg_stat_ssl")
+            .get(0);
+        assert!(!ssl, "{mode}: unencrypted, as asked");
+    }
 }

@@ -4,6 +4,11 @@
 //!
 //! PostgreSQL refuses to run as root: as root, `initdb` and `postgres` run as `nobody` (through `setpriv`, which
 //! execs, so the child is the postmaster itself), with the directory handed to that user.
+//!
+//! [`PostgresServer::start`] serves TLS only: its own CA and a server certificate for `127.0.0.1` and `localhost`
+//! are made with `openssl` at start, `ssl = on`, and every TCP line of `pg_hba.conf` is `hostssl`, so that an
+//! unencrypted connection cannot get in at all. [`PostgresServer::start_without_tls`] is the server a site
+//! without certificates runs.
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -36,12 +41,25 @@ pub struct PostgresServer {
     run_as: Option<(Uid, Gid)>,
     postmaster: Option<Child>,
     watchdog: Option<Watchdog>,
+    /// Whether the server has a certificate and takes TCP connections only through TLS.
+    tls: bool,
 }
 
 impl PostgresServer {
-    /// Makes a cluster (superuser [`POSTGRES_USER`] with a password for TCP, trust on its Unix socket) and starts
-    /// it. Missing binaries are [`TestkitError::Missing`] (a skip; a failure in strict mode).
+    /// Makes a cluster (superuser [`POSTGRES_USER`] with a password for TCP, trust on its Unix socket) that takes
+    /// TCP connections through TLS only, its certificate signed by [`PostgresServer::ca_file`], and starts it.
+    /// Missing binaries (PostgreSQL, openssl) are [`TestkitError::Missing`] (a skip; a failure in strict mode).
     pub fn start() -> Result<PostgresServer> {
+        PostgresServer::start_with(true)
+    }
+
+    /// The same cluster without TLS: it answers "no" to a client's TLS request, and TCP connections are
+    /// unencrypted.
+    pub fn start_without_tls() -> Result<PostgresServer> {
+        PostgresServer::start_with(false)
+    }
+
+    fn start_with(tls: bool) -> Result<PostgresServer> {
         let bin = find_bin_dir()?;
         let run_as =
             if nix::unistd::geteuid().is_root() {
@@ -82,6 +100,7 @@ impl PostgresServer {
             run_as,
             postmaster: None,
             watchdog: None,
+            tls,
         };
         let data = server.data_dir();
         let output = server
@@ -108,16 +127,84 @@ impl PostgresServer {
                 stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
             });
         }
+        if tls {
+            server.make_certificate()?;
+            server.set_host_lines("hostssl", "scram-sha-256")?;
+        }
         server.start_again()?;
         Ok(server)
     }
 
-    /// `postgresql://hangwatch@127.0.0.1:PORT/postgres`: no password in it (see [`PostgresServer::password`]).
+    /// The CA and the server's certificate and key (readable by the server's user only), in the server's
+    /// directory.
+    fn make_certificate(&self) -> Result<()> {
+        let dir = self.dir.path();
+        crate::receiver::make_certificates(dir)?;
+        let key = dir.join("server.key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+            .map_err(TestkitError::io("could not chmod the server key"))?;
+        if let Some((uid, gid)) = self.run_as {
+            for path in [key.as_path(), &dir.join("server.pem")] {
+                nix::unistd::chown(path, Some(uid), Some(gid)).map_err(|e| TestkitError::Io {
+                    context: format!("could not hand {} to nobody", path.display()),
+                    source: e.into(),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rewrites every TCP line of `pg_hba.conf` to `kind` (`host`, `hostssl`, `hostnossl`) and `method`
+    /// (`scram-sha-256`, `trust`, ...); the Unix socket's lines stay. A running server reloads it.
+    pub fn set_host_lines(&self, kind: &str, method: &str) -> Result<()> {
+        let path = self.data_dir().join("pg_hba.conf");
+        let text = std::fs::read_to_string(&path)
+            .map_err(TestkitError::io("could not read pg_hba.conf"))?;
+        let lines: Vec<String> = text
+            .lines()
+            .map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                match fields.as_slice() {
+                    [first, database, user, address, _method, ..]
+                        if first.starts_with("host") && !line.trim_start().starts_with('#') =>
+                    {
+                        format!("{kind} {database} {user} {address} {method}")
+                    }
+                    _ => line.to_string(),
+                }
+            })
+            .collect();
+        std::fs::write(&path, lines.join("\n") + "\n")
+            .map_err(TestkitError::io("could not write pg_hba.conf"))?;
+        if self.postmaster.is_some() {
+            self.psql("SELECT pg_reload_conf()")?;
+            // The postmaster reloads on the signal, a moment after the call returns.
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        Ok(())
+    }
+
+    /// `postgresql://hangwatch@127.0.0.1:PORT/postgres`, with `?sslrootcert=` this server's CA when it serves
+    /// TLS (libpq's parameter: a client that verifies the certificate finds its CA there); no password in it (see
+    /// [`PostgresServer::password`]).
     pub fn url(&self) -> String {
+        match self.ca_file() {
+            Some(ca) => format!("{}?sslrootcert={}", self.bare_url(), ca.display()),
+            None => self.bare_url(),
+        }
+    }
+
+    /// `postgresql://hangwatch@127.0.0.1:PORT/postgres`: no password and no TLS parameter in it.
+    pub fn bare_url(&self) -> String {
         format!(
             "postgresql://{POSTGRES_USER}@127.0.0.1:{}/postgres",
             self.port
         )
+    }
+
+    /// The PEM file of the CA that signed the server's certificate; `None` for a server without TLS.
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        self.tls.then(|| self.dir.path().join("ca.pem"))
     }
 
     pub fn port(&self) -> u16 {
@@ -185,6 +272,7 @@ impl PostgresServer {
             .arg(self.dir.path())
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
             .args(["-c", "max_connections=200", "-c", "synchronous_commit=off"])
+            .args(self.tls_settings())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -214,6 +302,22 @@ impl PostgresServer {
             });
         }
         Ok(())
+    }
+
+    /// `-c ssl=on` and the certificate's files, for a server with TLS.
+    fn tls_settings(&self) -> Vec<String> {
+        if !self.tls {
+            return vec!["-c".into(), "ssl=off".into()];
+        }
+        let file = |name: &str| self.dir.path().join(name).display().to_string();
+        vec![
+            "-c".into(),
+            "ssl=on".into(),
+            "-c".into(),
+            format!("ssl_cert_file={}", file("server.pem")),
+            "-c".into(),
+            format!("ssl_key_file={}", file("server.key")),
+        ]
     }
 
     /// Stops the server (fast shutdown: SIGINT to the postmaster, SIGKILL after a grace); the data stays.

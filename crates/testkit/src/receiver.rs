@@ -120,7 +120,7 @@ impl AlertReceiver {
 }
 
 /// A CA and a server certificate for 127.0.0.1 it signed, in `dir`: ca.pem, server.pem, server.key.
-fn make_certificates(dir: &Path) -> Result<()> {
+pub(crate) fn make_certificates(dir: &Path) -> Result<()> {
     let p = |name: &str| dir.join(name).to_string_lossy().into_owned();
     let deadline = Duration::from_secs(30);
     let openssl = |args: &[&str]| -> Result<()> { run_tool("openssl", args, deadline).map(|_| ()) };
