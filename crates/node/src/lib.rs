@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +19,9 @@ use hangwatch_inspect::pystack::StackReadOptions;
 use hangwatch_model::exit::EXIT_HUNG;
 use hangwatch_model::Verdict;
 use hangwatch_proc::ProcFs;
+use hangwatch_slurm::ids::{JobId, NodeName};
 use hangwatch_slurm::munge::Munge;
+use hangwatch_slurm::records;
 use hangwatch_slurm::steps::{StepFinder, StepOnNode};
 
 use hangwatch_model::exit::UsageError;
@@ -158,7 +160,10 @@ fn when_to_watch(step: &StepOnNode, first_seen: Instant, now: Instant) -> WhenTo
 struct Watcher {
     child: Child,
     step: StepOnNode,
+    /// Where the watcher writes its evidence: `dir_name` in root's `staging` directory, until the step ends.
     report_dir: PathBuf,
+    staging: hangwatch_safefs::PrivateDir,
+    dir_name: String,
     /// The watcher's stdout once it closed: its verdict, one JSON document.
     stdout: Receiver<Vec<u8>>,
     action: NodeAction,
@@ -237,7 +242,8 @@ pub fn run(args: Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
     let mut starting: BTreeMap<StepKey, Instant> = BTreeMap::new();
     // Steps on several nodes waiting for their first node's key (asked in a worker), and what the workers said.
     let mut asking: BTreeMap<StepKey, (StepOnNode, NodeAction)> = BTreeMap::new();
-    let (answers_to, answers) = std::sync::mpsc::channel::<(StepKey, Result<Joining, String>)>();
+    let (answers_to, answers) =
+        std::sync::mpsc::channel::<(StepKey, Result<Option<Joining>, String>)>();
     let watch = |watchers: &mut BTreeMap<StepKey, Watcher>,
                  key: StepKey,
                  step: &StepOnNode,
@@ -248,13 +254,13 @@ pub fn run(args: Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
             config,
             step,
             action,
-            args.report_root.as_deref(),
             joining.as_ref(),
             beat_sockets.as_deref(),
         ) {
             Ok(watcher) => {
                 say(format!(
-                    "hangwatch node: watching step {} on {} (uid {}, tasks {:?}, action {}{}); evidence in {}",
+                    "hangwatch node: watching step {} on {} (uid {}, tasks {:?}, action {}{}); evidence in {} \
+                     (root's until the step ends, then its owner's)",
                     step.name(),
                     step.node.as_deref().unwrap_or("this node"),
                     step.uid.map_or("?".into(), |u| u.to_string()),
@@ -298,7 +304,8 @@ pub fn run(args: Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
                         step.name()
                     ))
                 })
-                .ok();
+                .ok()
+                .flatten();
             watch(&mut watchers, key, &step, action, joining);
         }
         for step in steps {
@@ -332,25 +339,13 @@ pub fn run(args: Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
             }
             let action =
                 action_for_job(args.action, finder.requested_action(&step.tasks).as_deref());
-            let joining = match (step.spans_nodes(), &peer) {
-                (Some((first, _)), Some((settings, _))) if step.node.as_deref() == Some(first) => {
-                    let nnodes = u32::try_from(step.nodes.len()).unwrap_or(u32::MAX);
-                    keys::hosting(&step, nnodes, &keys, settings)
-                        .map_err(|e| {
-                            say(format!(
-                                "hangwatch node: warning: cannot host the coordinator of step {} ({e}): each node \
-                                 decides alone",
-                                step.name()
-                            ))
-                        })
-                        .ok()
-                }
-                (Some((first, index)), Some((settings, _))) => {
-                    keys::ask_in_background(
+            // A step whose tasks say it may span nodes: Slurm is asked which, in a worker (see keys::agree).
+            let joining = match &peer {
+                Some((settings, _)) if step.may_span_nodes => {
+                    keys::agree_in_background(
                         key.clone(),
                         &step,
-                        first,
-                        index,
+                        &keys,
                         settings,
                         answers_to.clone(),
                     );
@@ -361,7 +356,7 @@ pub fn run(args: Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
             };
             watch(&mut watchers, key, &step, action, joining);
         }
-        reap(&mut watchers, &keys);
+        reap(&mut watchers, &keys, args.report_root.as_deref());
         let spent = started.elapsed();
         if let Some(rest) = args.scan_every.checked_sub(spent) {
             sleep_unless(&stop, rest);
@@ -380,7 +375,7 @@ pub fn run(args: Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while !watchers.is_empty() && Instant::now() < deadline {
-        reap(&mut watchers, &keys);
+        reap(&mut watchers, &keys, args.report_root.as_deref());
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(ExitCode::SUCCESS)
@@ -418,39 +413,56 @@ fn own_hangwatch(procfs: &ProcFs, tasks: &[i32]) -> Option<i32> {
         .map(|s| s.pid)
 }
 
-/// The report directory of `step`: under `root`, else under its owner's `/var/tmp/hangwatch-<uid>` (made
-/// theirs, 0700; a directory there that someone else owns is not used).
-fn step_report_dir(step: &StepOnNode, root: Option<&Path>) -> anyhow::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let uid = step.uid.unwrap_or(0);
-    let name = format!(
+/// Where the service keeps each step's evidence while the step runs: a directory of root's in its state directory
+/// (`$HANGWATCH_STATE_DIR`, else root's default), that no user can enter. The watcher writes there; when the step
+/// ends the directory is handed to the job's owner ([`hand_over`]).
+fn staging_root() -> anyhow::Result<hangwatch_safefs::PrivateDir> {
+    let state = hangwatch_run::dirs::state_dir(
+        &hangwatch_run::dirs::ProcessEnv,
+        hangwatch_safefs::euid(),
+        &hangwatch_run::dirs::node_local,
+    );
+    Ok(hangwatch_safefs::PrivateDir::open_or_create(
+        &state.join("node-evidence"),
+    )?)
+}
+
+/// The name of a step's evidence directory: every part is in the grammar of Slurm's names (the step's facts are
+/// root's, see `hangwatch_slurm::steps`), so it is one plain file name.
+fn step_dir_name(step: &StepOnNode) -> String {
+    format!(
         "step-{}-{}-{}",
         step.name(),
         step.node.as_deref().unwrap_or("node"),
         hangwatch_model::utc_stamp(hangwatch_model::unix_now() as u64)
-    );
-    let root = match root {
-        Some(root) => root.to_path_buf(),
-        None => {
-            let root = hangwatch_run::dirs::default_root(uid);
-            if hangwatch_run::dirs::squatted(&root, uid).is_some() {
-                return Err(anyhow::anyhow!(
-                    "{} is not a directory of uid {uid}: give --report-root",
-                    root.display()
-                ));
-            }
-            if std::fs::symlink_metadata(&root).is_err() {
-                std::fs::create_dir(&root)?;
-                std::os::unix::fs::chown(&root, Some(uid), None)?;
-                std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))?;
-            }
-            root
-        }
-    };
-    let dir = root.join(name);
-    std::fs::create_dir_all(&dir)?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-    Ok(dir)
+    )
+}
+
+/// Files of a step's evidence that stay root's when the rest is handed over: the whole kernel log, kept only
+/// where the site asks (`[node] keep_kernel_log`); the job's owner gets the lines that concern the job.
+const ROOT_ONLY: &[&str] = &["kernel-log.root.txt"];
+
+/// Hands a step's evidence to its owner: given by descriptor in root's staging directory, then moved into the
+/// owner's `/var/tmp/hangwatch-<uid>` (or the site's `--report-root`), never by a path the owner controls. Where
+/// it cannot be moved, it stays in root's staging directory and the line says where.
+fn hand_over(
+    staging: &hangwatch_safefs::PrivateDir,
+    name: &str,
+    uid: u32,
+    report_root: Option<&Path>,
+) -> Result<PathBuf, String> {
+    let to = match report_root {
+        Some(root) => hangwatch_safefs::UsersDir::open_site_root(root),
+        None => hangwatch_safefs::UsersDir::open_or_create(
+            Path::new("/var/tmp"),
+            &format!("hangwatch-{uid}"),
+            uid,
+        ),
+    }
+    .map_err(|e| e.to_string())?;
+    staging
+        .hand_over(name, uid, ROOT_ONLY, &to)
+        .map_err(|e| format!("{e:#}"))
 }
 
 fn start_watcher(
@@ -458,11 +470,12 @@ fn start_watcher(
     config: Option<&Path>,
     step: &StepOnNode,
     action: NodeAction,
-    report_root: Option<&Path>,
     joining: Option<&Joining>,
     beat_sockets: Option<&Path>,
 ) -> anyhow::Result<Watcher> {
-    let report_dir = step_report_dir(step, report_root)?;
+    let staging = staging_root()?;
+    let dir_name = step_dir_name(step);
+    let report_dir = staging.subdir(&dir_name)?.path().to_path_buf();
     let mut command = Command::new(program);
     if let Some(config) = config {
         command.arg("--config").arg(config);
@@ -529,6 +542,8 @@ fn start_watcher(
         child,
         step: step.clone(),
         report_dir,
+        staging,
+        dir_name,
         stdout,
         action,
         token_file: joining.map(|j| j.token_file.clone()),
@@ -547,7 +562,7 @@ fn beat_socket(dir: &Path, step: &StepOnNode) -> PathBuf {
 }
 
 /// Watchers that ended: what they decided, and for a hung job under abort, the job ended through Slurm.
-fn reap(watchers: &mut BTreeMap<StepKey, Watcher>, keys: &HostedKeys) {
+fn reap(watchers: &mut BTreeMap<StepKey, Watcher>, keys: &HostedKeys, report_root: Option<&Path>) {
     let ended: Vec<StepKey> = watchers
         .iter_mut()
         .filter_map(|(key, w)| match w.child.try_wait() {
@@ -565,9 +580,23 @@ fn reap(watchers: &mut BTreeMap<StepKey, Watcher>, keys: &HostedKeys) {
             let _ = std::fs::remove_file(token);
             keys.forget(&watcher.step.job_id, &watcher.step.step);
         }
-        if let Some(uid) = watcher.step.uid {
-            give_to(&watcher.report_dir, uid);
-        }
+        match watcher.step.uid {
+            Some(uid) => match hand_over(&watcher.staging, &watcher.dir_name, uid, report_root) {
+                Ok(dir) => say(format!(
+                    "hangwatch node: step {name}'s evidence is uid {uid}'s: {}",
+                    dir.display()
+                )),
+                Err(e) => say(format!(
+                    "hangwatch node: warning: cannot hand step {name}'s evidence to uid {uid} ({e}): it stays \
+                     in {} (root's)",
+                    watcher.report_dir.display()
+                )),
+            },
+            None => say(format!(
+                "hangwatch node: warning: step {name}'s owner is unknown: its evidence stays in {} (root's)",
+                watcher.report_dir.display()
+            )),
+        };
         if code == Some(EXIT_HUNG) {
             let job_id = watcher.step.job_id.clone();
             // Its verdict, then Slurm's commands, each under a deadline: in a worker, never in the loop.
@@ -609,11 +638,38 @@ fn after_hang(name: &str, watcher: Watcher) {
     if watcher.action != NodeAction::Abort {
         return;
     }
-    end_job_through_slurm(&watcher.step.job_id, summary);
+    let (job, node) = match slurm_runs_it_here(&watcher.step) {
+        Ok(checked) => checked,
+        Err(why) => {
+            let refused = REFUSED.fetch_add(1, Ordering::SeqCst) + 1;
+            say(format!(
+                "hangwatch node: refused to end job {} or drain this node: {why} ({refused} refusal(s) since the \
+                 service started)",
+                watcher.step.job_id
+            ));
+            return;
+        }
+    };
+    end_job_through_slurm(&job, summary);
     let unkillable = verdict.as_ref().map(unkillable_ranks).unwrap_or_default();
     if !unkillable.is_empty() {
-        drain_node(watcher.step.node.as_deref(), &unkillable, summary);
+        drain_node(&node, &unkillable, summary);
     }
+}
+
+/// How many times the service refused to act on a job Slurm does not run here as its processes' owner.
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// The job and this node, once Slurm said the job runs here as the user whose processes were found: nothing a job
+/// can write (its environment, its name) decides whose job root cancels or which node it drains.
+fn slurm_runs_it_here(step: &StepOnNode) -> Result<(JobId, NodeName), String> {
+    let job = JobId::parse(&step.job_id).map_err(|e| e.to_string())?;
+    let node =
+        NodeName::parse(step.node.as_deref().unwrap_or_default()).map_err(|e| e.to_string())?;
+    let uid = step.uid.ok_or("the owner of its processes is unknown")?;
+    let record = records::ask_job(&job).map_err(|e| e.to_string())?;
+    records::runs_here(&record, uid, &node).map_err(|e| e.to_string())?;
+    Ok((job, node))
 }
 
 /// The ranks the watcher could not kill (still in D after SIGKILL), from its verdict's actions.
@@ -642,14 +698,7 @@ fn drain_reason(ranks: &[u32], summary: Option<&str>) -> String {
 
 /// A rank that no signal ends holds its node (its memory, its GPUs, the mount): the node is drained, with why,
 /// so that no new job lands on it until an admin has looked (`scontrol update State=RESUME` after a reboot).
-fn drain_node(node: Option<&str>, ranks: &[u32], summary: Option<&str>) {
-    let Some(node) = node else {
-        say(format!(
-            "hangwatch node: warning: {} could not be killed, but the step's node name is unknown: not drained",
-            hangwatch_model::ranks_words(ranks)
-        ));
-        return;
-    };
+fn drain_node(node: &NodeName, ranks: &[u32], summary: Option<&str>) {
     let mut drain = hangwatch_child::external_command("scontrol");
     drain
         .arg("update")
@@ -664,28 +713,10 @@ fn drain_node(node: Option<&str>, ranks: &[u32], summary: Option<&str>) {
     }
 }
 
-/// Hands the step's evidence to the job's owner (a node-local directory hangwatch made: no filesystem to wait on).
-fn give_to(dir: &Path, uid: u32) {
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        if let Err(e) = std::os::unix::fs::lchown(&path, Some(uid), None) {
-            tracing::debug!(path = %path.display(), error = %e, "cannot give evidence to its owner");
-        }
-        if let Ok(entries) = std::fs::read_dir(&path) {
-            stack.extend(
-                entries
-                    .filter_map(|e| e.ok())
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir() || t.is_file()))
-                    .map(|e| e.path()),
-            );
-        }
-    }
-}
-
 /// `scontrol update AdminComment=...` (the verdict, for `sacct` and the admins) then `scancel`: the job's state
 /// says it was cancelled, not that it failed by itself. Each under a deadline, started so that a blocked exec
 /// cannot hold the service.
-fn end_job_through_slurm(job_id: &str, summary: Option<&str>) {
+fn end_job_through_slurm(job_id: &JobId, summary: Option<&str>) {
     let comment = format!(
         "hangwatch: {}",
         summary.unwrap_or("hung; ended by the node service")
@@ -702,7 +733,7 @@ fn end_job_through_slurm(job_id: &str, summary: Option<&str>) {
         .arg(format!("AdminComment={comment}"));
     run_slurm(update, "scontrol update");
     let mut cancel = hangwatch_child::external_command("scancel");
-    cancel.arg(job_id);
+    cancel.arg("--").arg(job_id.as_str());
     if run_slurm(cancel, "scancel") {
         say(format!(
             "hangwatch node: job {job_id} cancelled through Slurm"
@@ -746,6 +777,7 @@ mod tests {
             slurmstepd: 100,
             tasks,
             tasks_expected: expected,
+            may_span_nodes: false,
             nodes: Vec::new(),
             node_index: None,
             ranks: Vec::new(),

@@ -148,6 +148,12 @@ impl ProcFs {
         self.link(pid, self.pid_dir(pid).join("ns").join("mnt"))
     }
 
+    /// The process's UTS namespace (`readlink /proc/PID/ns/uts`, `uts:[4026531838]`): emulated Slurm nodes on one
+    /// machine each run their `slurmd` (and its step daemons) in one of their own.
+    pub fn uts_namespace(&self, pid: i32) -> Result<String, ReadError> {
+        self.link(pid, self.pid_dir(pid).join("ns").join("uts"))
+    }
+
     /// The process's pid namespace (`readlink /proc/PID/ns/pid`, `pid:[4026531836]`).
     pub fn pid_namespace(&self, pid: i32) -> Result<String, ReadError> {
         self.link(pid, self.pid_dir(pid).join("ns").join("pid"))

@@ -4,8 +4,10 @@
 //! agree on its coordinator's secret through MUNGE ([`munge`]).
 //! Nothing here prints: what a person should read is returned (or handed to a [`requeue::Tell`]).
 
+pub mod ids;
 pub mod job_json;
 pub mod munge;
+pub mod records;
 pub mod requeue;
 pub mod step;
 pub mod steps;

@@ -11,6 +11,7 @@
 //! `munge` and `unmunge` are run as programs under a deadline (a stuck munged never holds the caller), rather than
 //! linking libmunge: they are what every Slurm node has, and their output is stable text.
 
+use crate::ids::{JobId, NodeName, StepId};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -189,15 +190,6 @@ impl std::fmt::Debug for KeyGrant {
     }
 }
 
-/// A job or step id or node name as it may appear in a payload: Slurm's characters, no spaces.
-fn is_name(text: &str) -> bool {
-    !text.is_empty()
-        && text.len() <= 128
-        && text
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "._-+[]".contains(c))
-}
-
 /// `key=value` words after the tag, each key once, in this order.
 fn fields<'a>(payload: &'a str, kind: &str, keys: &[&str]) -> Result<Vec<&'a str>, MungeError> {
     let mut words = payload.trim().split(' ');
@@ -232,7 +224,10 @@ impl KeyRequest {
 
     pub fn parse(payload: &str) -> Result<Self, MungeError> {
         let v = fields(payload, "want", &["job", "step", "node"])?;
-        if !v.iter().all(|w| is_name(w)) {
+        let names_ok = JobId::parse(v[0]).is_ok()
+            && StepId::parse(v[1]).is_ok()
+            && NodeName::parse(v[2]).is_ok();
+        if !names_ok {
             return Err(MungeError::Payload(format!("odd names in {payload:?}")));
         }
         Ok(Self {
@@ -261,7 +256,7 @@ impl KeyGrant {
     pub fn parse(payload: &str) -> Result<Self, MungeError> {
         let v = fields(payload, "key", &["job", "step", "port", "secret"])?;
         let bad = |what: &str| MungeError::Payload(format!("bad {what} in a key grant"));
-        if !is_name(v[0]) || !is_name(v[1]) {
+        if JobId::parse(v[0]).is_err() || StepId::parse(v[1]).is_err() {
             return Err(bad("names"));
         }
         let port = v[2]

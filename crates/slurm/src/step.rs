@@ -55,17 +55,29 @@ pub fn first_host(list: &str) -> Option<String> {
 }
 
 /// At most this many names come out of one host list (a typo like `n[1-99999999]` must not eat the memory).
-const MAX_HOSTS: usize = 100_000;
+pub const MAX_HOSTS: usize = 100_000;
+/// A host list longer than this is not read at all (Slurm's own lists for 100,000 nodes are far shorter).
+pub const MAX_HOST_LIST_BYTES: usize = 1 << 20;
 
 /// Every host of a Slurm host list (`n[01-03,10],gpu7` -> `n01 n02 n03 n10 gpu7`), as `scontrol show hostnames`
 /// lists them. Written here because the syntax needs no more than this, and the alternative is running scontrol
-/// (which may not answer). One bracket group per entry; an entry that does not parse is left out.
+/// (which may not answer). One bracket group per entry; an entry that does not parse is left out, and so is a
+/// name longer than a host name may be ([`crate::ids::MAX_NODE_NAME`]): the list may be a job's text, and
+/// `n[<128 KiB of zeros>-99999]` must cost what its length does, not 100,000 padded copies of it.
 pub fn expand_hosts(list: &str) -> Vec<String> {
     let mut hosts = Vec::new();
+    if list.len() > MAX_HOST_LIST_BYTES {
+        return hosts;
+    }
     for entry in split_outside_brackets(list.trim()) {
         let entry = entry.trim();
         match (entry.find('['), entry.find(']')) {
-            (None, None) if !entry.is_empty() => hosts.push(entry.to_string()),
+            (None, None) if !entry.is_empty() && entry.len() <= crate::ids::MAX_NODE_NAME => {
+                if hosts.len() >= MAX_HOSTS {
+                    return hosts;
+                }
+                hosts.push(entry.to_string());
+            }
             (Some(open), Some(close)) if open < close => {
                 let (prefix, suffix) = (&entry[..open], &entry[close + 1..]);
                 for item in entry[open + 1..close].split(',') {
@@ -75,6 +87,10 @@ pub fn expand_hosts(list: &str) -> Vec<String> {
                         continue;
                     };
                     let width = from.len();
+                    let fixed = prefix.len() + suffix.len();
+                    if fixed + width.max(b.to_string().len()) > crate::ids::MAX_NODE_NAME {
+                        continue;
+                    }
                     for n in a..=b {
                         if hosts.len() >= MAX_HOSTS {
                             return hosts;
@@ -222,6 +238,21 @@ mod tests {
         assert!(expand_hosts("").is_empty());
         assert_eq!(expand_hosts("n[1-2,x],m[1-2"), vec!["n1", "n2"]);
         assert_eq!(expand_hosts("n[1-999999999]").len(), MAX_HOSTS);
+    }
+
+    #[test]
+    fn a_host_list_costs_what_its_length_does() {
+        // The finding: zeros pad every name to the width of the range's start.
+        let padded = format!("n[{}-99999]", "0".repeat(128 * 1024));
+        assert!(expand_hosts(&padded).is_empty());
+        assert!(
+            expand_hosts(&"n".repeat(300)).is_empty(),
+            "longer than a host name"
+        );
+        let huge = "n1,".repeat(MAX_HOST_LIST_BYTES / 3 + 1);
+        assert!(expand_hosts(&huge).is_empty(), "over 1 MB: not read");
+        let names: usize = expand_hosts("n[1-999999999]").iter().map(String::len).sum();
+        assert!(names < 1_000_000, "100,000 short names: {names} bytes");
     }
 
     #[test]
