@@ -4,6 +4,11 @@
 //! that accepts and never answers costs the verdict no more than its deadline, and what waited ships at the
 //! next `run` start (`__ship-history`); `history --fleet` lists it all; a password on the command line and a
 //! password file others can read are refused before anything runs.
+//!
+//! The link: the test's server takes TCP connections through TLS only (`hostssl`, its own CA), and its log says
+//! that hangwatch's connections were encrypted; the site's CA comes from the configuration file (`history_ca`); a
+//! server without TLS is refused with what to do, and used only where the site says `insecure_history = true`,
+//! never with the password.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -68,6 +73,56 @@ fn hangwatch(args: &[&str], state: &Path) -> Output {
         .env_remove("HANGWATCH_HISTORY_URL")
         .output()
         .expect("run hangwatch")
+}
+
+/// `hangwatch` with `site` (TOML) as the site's configuration file, and no user file.
+fn hangwatch_with_site(args: &[&str], state: &Path, site: &str) -> Output {
+    let dir = state.join("etc");
+    std::fs::create_dir_all(&dir).expect("etc");
+    let file = dir.join("config.toml");
+    std::fs::write(&file, site).expect("site configuration");
+    Command::new(BIN)
+        .args(args)
+        .env("HANGWATCH_STATE_DIR", state)
+        .env("HANGWATCH_CONFIG", &file)
+        .env("XDG_CONFIG_HOME", &dir)
+        .env_remove("HANGWATCH_HISTORY_URL")
+        .output()
+        .expect("run hangwatch")
+}
+
+/// The fleet target `run` makes from these settings (`--history-url`, `history_ca`, `insecure_history`).
+fn resolved(
+    url: &str,
+    password_file: Option<PathBuf>,
+    ca: Option<PathBuf>,
+    insecure: bool,
+) -> FleetTarget {
+    hangwatch_fleet::resolve(
+        &hangwatch_fleet::UrlSources {
+            flag: Some(url.into()),
+            ..Default::default()
+        },
+        password_file,
+        900.0,
+        &hangwatch_fleet::TlsPolicy {
+            ca_file: ca,
+            insecure,
+        },
+    )
+    .expect("allowed")
+    .expect("a target")
+}
+
+/// The server log's "connection authorized" lines of hangwatch's own connections.
+fn hangwatch_connections(server: &PostgresServer) -> Vec<String> {
+    server
+        .log()
+        .expect("server log")
+        .lines()
+        .filter(|l| l.contains("connection authorized") && l.contains("application_name=hangwatch"))
+        .map(str::to_string)
+        .collect()
 }
 
 fn stdout_json(output: &Output) -> Value {
@@ -250,4 +305,115 @@ fn a_password_on_the_command_line_or_in_a_readable_file_is_refused() {
     let out = hangwatch(&["history", "--fleet"], root.path());
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("HANGWATCH_HISTORY_URL"));
+}
+
+#[test]
+fn fleet_history_ships_over_tls_with_the_sites_ca_and_the_server_sees_it_encrypted() {
+    let server = require!(PostgresServer::start());
+    let ca = server.ca_file().expect("a CA");
+    let password_file = server.password_file().expect("password file");
+    let root = tempfile::tempdir().expect("tempdir");
+    let state = root.path().join("n1");
+
+    // As run records: the target from its settings (the site's CA, a URL without TLS parameters).
+    let target = resolved(
+        &server.bare_url(),
+        Some(password_file.clone()),
+        Some(ca.clone()),
+        false,
+    );
+    assert!(target.url.contains("sslmode=verify-full"), "{}", target.url);
+    let (answer, _) = record(&state, "n1", "1234", Some(target));
+    assert_eq!(answer.source, RecurrenceSource::Fleet, "{answer:?}");
+
+    // As an admin lists it: everything from the site's file.
+    let site = format!(
+        "history_url = {:?}\nhistory_ca = {:?}\nhistory_password_file = {:?}\n",
+        server.bare_url(),
+        ca.display().to_string(),
+        password_file.display().to_string()
+    );
+    let listed = stdout_json(&hangwatch_with_site(
+        &["history", "--fleet", "--json"],
+        &state,
+        &site,
+    ));
+    assert_eq!(listed["verdicts"][0]["job_id"], "1234", "{listed}");
+
+    let connections = hangwatch_connections(&server);
+    assert!(connections.len() >= 2, "{connections:?}");
+    for line in &connections {
+        assert!(line.contains("SSL enabled (protocol=TLSv1."), "{line}");
+    }
+}
+
+#[test]
+fn a_plain_link_is_refused_with_the_fix_unless_the_site_says_insecure_history() {
+    let server = require!(PostgresServer::start_without_tls());
+    server.set_host_lines("host", "trust").expect("trust");
+    let root = tempfile::tempdir().expect("tempdir");
+    let state = root.path().join("n1");
+    let bare = server.bare_url();
+
+    // The default, verify-full: the server offers no TLS.
+    let out = hangwatch(&["history", "--fleet", "--history-url", &bare], &state);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not offer TLS")
+            && err.contains("history_ca")
+            && err.contains("insecure_history = true"),
+        "{err}"
+    );
+    // Asking for a plain link is refused before anything connects.
+    let disable = format!("{bare}?sslmode=disable");
+    let out = hangwatch(&["history", "--fleet", "--history-url", &disable], &state);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("would not be encrypted (sslmode=disable)")
+            && err.contains("insecure_history = true"),
+        "{err}"
+    );
+
+    // The site allows it: the same commands work, unencrypted.
+    let site = "insecure_history = true\n";
+    for url in [&bare, &disable] {
+        let listed = stdout_json(&hangwatch_with_site(
+            &["history", "--fleet", "--json", "--history-url", url],
+            &state,
+            site,
+        ));
+        assert!(listed["verdicts"].is_array(), "{listed}");
+    }
+    let (answer, _) = record(&state, "n1", "1", Some(resolved(&bare, None, None, true)));
+    assert_eq!(answer.source, RecurrenceSource::Fleet, "{answer:?}");
+    let connections = hangwatch_connections(&server);
+    assert!(connections.len() >= 3, "{connections:?}");
+    assert!(connections.iter().all(|l| !l.contains("SSL enabled")));
+
+    // A server that wants a password gets none over that link.
+    server
+        .set_host_lines("host", "scram-sha-256")
+        .expect("passwords");
+    let password_file = server.password_file().expect("password file");
+    let out = hangwatch_with_site(
+        &[
+            "history",
+            "--fleet",
+            "--history-url",
+            &bare,
+            "--history-password-file",
+            password_file.to_str().expect("utf-8"),
+        ],
+        &state,
+        site,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("asks for a password over an unencrypted link")
+            && err.contains("never sends one there"),
+        "{err}"
+    );
 }

@@ -272,6 +272,9 @@ impl PostgresServer {
             .arg(self.dir.path())
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
             .args(["-c", "max_connections=200", "-c", "synchronous_commit=off"])
+            // "connection authorized: ... application_name=hangwatch SSL enabled (protocol=...)" for each
+            // connection: what the server saw, for tests whose client was a child process.
+            .args(["-c", "log_connections=on"])
             .args(self.tls_settings())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -363,6 +366,13 @@ impl PostgresServer {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .map_err(TestkitError::io("could not chmod the client password file"))?;
         Ok(path)
+    }
+
+    /// The server's log so far: with a line per connection that says whether it was encrypted
+    /// (`connection authorized: user=... application_name=hangwatch SSL enabled (protocol=TLSv1.3, ...)`).
+    pub fn log(&self) -> Result<String> {
+        std::fs::read_to_string(self.dir.path().join("server.log"))
+            .map_err(TestkitError::io("could not read the server log"))
     }
 
     /// The server's directory (data, socket, log).
