@@ -20,4 +20,28 @@ echo "export HANGWATCH_SOCKET=$dir/steps/${SLURM_JOB_ID}.${SLURM_STEP_ID:-batch}
 echo "export HANGWATCH_AGENT_LATER=1"
 # The Flight Recorder (who did not join which collective), unless the job sized it itself.
 [ -n "$TORCH_FR_BUFFER_SIZE" ] || [ -n "$TORCH_NCCL_TRACE_BUFFER_SIZE" ] || echo "export TORCH_FR_BUFFER_SIZE=256"
+
+# Where torch dumps the recorder after its own collective timeout: torch's default is /tmp/nccl_trace_rank_<rank>,
+# where any user of the node can put a file first. This prolog runs as the job's user and gives each step a
+# directory of that user alone (0700), node-local, unless the job chose its own place. A path that exists and is
+# not the user's own 0700 directory (someone else's, a link) is never used: the default stays, and the watcher
+# reads a dump there only when the job's user owns it (crates/inspect/src/own_dumps.rs).
+uid=$(id -u) || exit 0
+# $1 is made 0700 when absent; either way it must be a directory (not a link), this user's, mode 700.
+private_dir() {
+    [ -L "$1" ] && return 1
+    [ -d "$1" ] || mkdir -m 700 -- "$1" 2>/dev/null || [ -d "$1" ] || return 1
+    [ ! -L "$1" ] && [ "$(stat -c '%u %a' -- "$1" 2>/dev/null)" = "$uid 700" ]
+}
+step_dir() {
+    private_dir "$1" && private_dir "$1/fr-${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-batch}" &&
+        echo "$1/fr-${SLURM_JOB_ID:-0}.${SLURM_STEP_ID:-batch}"
+}
+if [ -z "$TORCH_FR_DUMP_TEMP_FILE" ] && [ -z "$TORCH_NCCL_DEBUG_INFO_TEMP_FILE" ]; then
+    fr=$(step_dir "/var/tmp/hangwatch-$uid") || fr=
+    if [ -z "$fr" ] && [ -n "$TMPDIR" ] && [ "$TMPDIR" != /tmp ]; then
+        fr=$(step_dir "${TMPDIR%/}/hangwatch-$uid") || fr=
+    fi
+    [ -n "$fr" ] && echo "export TORCH_FR_DUMP_TEMP_FILE=$fr/nccl_trace_rank_"
+fi
 exit 0

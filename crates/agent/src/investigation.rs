@@ -224,22 +224,43 @@ impl InvestigationJob {
             return;
         }
         let prefix = crate::own_dumps::prefix(|k| std::env::var(k).ok());
+        let owner = match crate::own_dumps::job_uid(&ProcFs::new("/proc"), &self.pids) {
+            Ok(uid) => uid,
+            Err(why) => {
+                observations
+                    .unreadable
+                    .push(format!("the job's own Flight Recorder dumps: {why}"));
+                return;
+            }
+        };
         // A little before the job started: the clocks of /proc and of the filesystem differ by a second or so.
         let since = (unix_now() - self.run.running_for_s - 5.0).max(0.0) as u64;
-        let found = crate::own_dumps::read(&prefix, &ranks, since);
-        for (rank, bytes) in found.read {
-            match CollectiveRecord::from_flight_recorder_pickle(rank, &bytes, COLLECTIVES_KEPT) {
-                Ok(record) => {
-                    // Its record is in: it counts among the ranks the analysis heard from.
-                    if !observations.collectives_asked.contains(&rank) {
-                        observations.collectives_asked.push(rank);
-                    }
-                    observations.collectives.push(record);
-                }
-                Err(e) => observations.unreadable.push(format!(
-                    "rank {rank}'s own Flight Recorder dump ({prefix}{rank}): {e}"
-                )),
+        // The prefix is read from a rank's environment, which a rank stuck in the kernel may keep locked: those
+        // last.
+        let stuck = |pid: &i32| {
+            observations
+                .ranks
+                .iter()
+                .find(|o| o.pid == *pid)
+                .is_some_and(|o| o.threads.iter().any(|t| t.state == 'D'))
+        };
+        let mut prefix_from: Vec<i32> = self.pids.clone();
+        prefix_from.sort_by_key(stuck);
+        let found = crate::own_dumps::read(
+            &self.program,
+            &prefix_from,
+            &prefix,
+            &ranks,
+            since,
+            owner,
+            COLLECTIVES_KEPT,
+        );
+        for record in found.records {
+            // Its record is in: it counts among the ranks the analysis heard from.
+            if !observations.collectives_asked.contains(&record.rank) {
+                observations.collectives_asked.push(record.rank);
             }
+            observations.collectives.push(record);
         }
         observations.unreadable.extend(
             found

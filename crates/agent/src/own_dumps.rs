@@ -1,19 +1,22 @@
-//! The Flight Recorder dumps a job wrote itself: `<TORCH_FR_DUMP_TEMP_FILE><rank>`, pickled, which torch writes
-//! after its own collective timeout (or when the job asks). Read at a roll call for the ranks that did not answer
-//! it, from files written since the job started, each in a child under a deadline: the prefix may name a shared
-//! filesystem, and that one may be the one that stopped.
+//! Where the job's own Flight Recorder dumps are (`<TORCH_FR_DUMP_TEMP_FILE><rank>`, pickled, written by torch
+//! after its own collective timeout or when the job asks) and whose they must be: the ranks' user. Read at a roll
+//! call for the ranks that did not answer it, by the reader child (`hangwatch_inspect::own_dumps`, which says
+//! which files are trusted and why), never in this process: the prefix may be on the filesystem that stopped, and
+//! a dump is whatever its writer made it.
 
+use std::path::Path;
 use std::time::Duration;
 
-use hangwatch_model::MAX_FLIGHT_RECORDER_DUMP_BYTES as MAX_DUMP_BYTES;
+use hangwatch_inspect::own_dumps::{read_own_dumps, OwnDumps, OwnDumpsRequest};
+use hangwatch_proc::ProcFs;
 
-/// How long looking for and reading every rank's dump may take.
+/// How long looking for, reading and decoding every rank's dump may take.
 const READ_DEADLINE: Duration = Duration::from_secs(2);
-/// Where torch writes the dumps when the job did not say.
-const TORCH_DEFAULT_PREFIX: &str = "/tmp/nccl_trace_rank_";
+use hangwatch_inspect::own_dumps::TORCH_DEFAULT_PREFIX;
 
-/// The prefix of the job's dump files: `TORCH_FR_DUMP_TEMP_FILE` (`TORCH_NCCL_DEBUG_INFO_TEMP_FILE` before torch
-/// 2.5), else torch's default.
+/// The prefix of the job's dump files when no rank's environment can be read: hangwatch's own
+/// `TORCH_FR_DUMP_TEMP_FILE` (`TORCH_NCCL_DEBUG_INFO_TEMP_FILE` before torch 2.5), which the ranks it starts
+/// inherit, else torch's default.
 pub(crate) fn prefix(get: impl Fn(&str) -> Option<String>) -> String {
     ["TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
         .iter()
@@ -21,80 +24,50 @@ pub(crate) fn prefix(get: impl Fn(&str) -> Option<String>) -> String {
         .unwrap_or_else(|| TORCH_DEFAULT_PREFIX.to_string())
 }
 
-/// What looking for the ranks' dumps came to.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct OwnDumps {
-    /// Each rank's dump written since the job started.
-    pub(crate) read: Vec<(u32, Vec<u8>)>,
-    /// What could not be read, in words (a file too large, a read that did not finish in time).
-    pub(crate) problems: Vec<String>,
+/// The job's user: the effective uid the kernel gives the ranks (`/proc/PID/status`, which never takes a rank's
+/// memory-map lock). `Err` when the ranks run as different users (whose dumps would be whose?); hangwatch's own
+/// euid when no rank can be read.
+pub(crate) fn job_uid(procfs: &ProcFs, pids: &[i32]) -> Result<u32, String> {
+    let mut uids: Vec<u32> = pids
+        .iter()
+        .filter_map(|&pid| procfs.status(pid).ok()?.euid)
+        .collect();
+    uids.sort_unstable();
+    uids.dedup();
+    match uids.as_slice() {
+        [] => Ok(own_euid()),
+        [uid] => Ok(*uid),
+        more => Err(format!(
+            "the ranks run as different users ({more:?}): whose dumps they would be is unclear"
+        )),
+    }
 }
 
-/// One child looks at every rank's file: `[ -f ]` is a shell builtin, so ranks without a dump cost no process of
-/// their own. For each regular file modified since `$1` it prints `file SIZE RANK` and the bytes, or `big SIZE
-/// RANK` past `$2` bytes.
-const READ_SCRIPT: &str = r#"since=$1; max=$2; prefix=$3; shift 3
-for rank in "$@"; do
-  path="$prefix$rank"
-  [ -f "$path" ] || continue
-  [ "$(stat -c %Y -- "$path")" -ge "$since" ] || continue
-  size=$(stat -c %s -- "$path")
-  if [ "$size" -gt "$max" ]; then printf 'big %s %s\n' "$size" "$rank"; continue; fi
-  printf 'file %s %s\n' "$size" "$rank"
-  head -c "$size" -- "$path"
-done"#;
-
-/// Reads the dumps under `prefix` of `ranks` written since `since_unix_s`, in one child under a deadline.
-pub(crate) fn read(prefix: &str, ranks: &[u32], since_unix_s: u64) -> OwnDumps {
-    let mut command = hangwatch_child::external_command("sh");
-    command
-        .args(["-c", READ_SCRIPT, "sh"])
-        .arg(since_unix_s.to_string())
-        .arg(MAX_DUMP_BYTES.to_string())
-        .arg(prefix)
-        .args(ranks.iter().map(u32::to_string));
-    let mut found = OwnDumps::default();
-    match hangwatch_child::run_with_deadline(command, READ_DEADLINE) {
-        Ok(hangwatch_child::ChildOutcome::Finished { stdout, .. }) => {
-            parse(&stdout, prefix, &mut found);
-        }
-        Ok(hangwatch_child::ChildOutcome::TimedOut { stdout, .. }) => {
-            parse(&stdout, prefix, &mut found);
-            found.problems.push(format!(
-                "the dumps under {prefix} were not all read within {}: their filesystem may have stopped",
-                hangwatch_model::format_duration(READ_DEADLINE)
-            ));
-        }
-        Err(e) => found
-            .problems
-            .push(format!("cannot look for dumps under {prefix}: {e}")),
-    }
-    found
+fn own_euid() -> u32 {
+    nix::unistd::geteuid().as_raw()
 }
 
-/// The child's output: headers and bytes; a dump cut short (a timeout, a file that shrank) is left out.
-fn parse(mut out: &[u8], prefix: &str, found: &mut OwnDumps) {
-    while let Some(end) = out.iter().position(|&b| b == b'\n') {
-        let header = String::from_utf8_lossy(&out[..end]).into_owned();
-        out = &out[end + 1..];
-        let words: Vec<&str> = header.split(' ').collect();
-        let (Some(size), Some(rank)) = (
-            words.get(1).and_then(|w| w.parse::<usize>().ok()),
-            words.get(2).and_then(|w| w.parse::<u32>().ok()),
-        ) else {
-            return;
-        };
-        match words[0] {
-            "big" => found.problems.push(format!(
-                "{prefix}{rank}: {size} bytes, more than the {MAX_DUMP_BYTES} read"
-            )),
-            "file" if out.len() >= size => {
-                found.read.push((rank, out[..size].to_vec()));
-                out = &out[size..];
-            }
-            _ => return,
-        }
-    }
+/// Reads the dumps of `ranks` under the prefix the environment of the first readable of `prefix_from` says
+/// (else `prefix`), written since `since_unix_s` by `owner_uid`, in a reader child (`program __inspect-child
+/// --serve`) under a deadline.
+pub(crate) fn read(
+    program: &Path,
+    prefix_from: &[i32],
+    prefix: &str,
+    ranks: &[u32],
+    since_unix_s: u64,
+    owner_uid: u32,
+    keep: usize,
+) -> OwnDumps {
+    let request = OwnDumpsRequest {
+        prefix_from: prefix_from.to_vec(),
+        prefix: prefix.to_string(),
+        ranks: ranks.to_vec(),
+        since_unix_s,
+        owner_uid,
+        keep,
+    };
+    read_own_dumps(program, &request, READ_DEADLINE)
 }
 
 #[cfg(test)]
@@ -123,21 +96,14 @@ mod tests {
     }
 
     #[test]
-    fn fresh_dumps_are_read_whole_old_or_absent_ones_are_not() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let prefix = format!("{}/fr_", tmp.path().display());
-        // Binary, with newlines and what looks like a header inside.
-        let three = b"\x80\x04\nfile 9 9\n\x00dump".to_vec();
-        std::fs::write(format!("{prefix}3"), &three).expect("dump");
-        std::fs::write(format!("{prefix}5"), b"five").expect("dump");
-        let now = hangwatch_model::unix_now() as u64;
-        let found = read(&prefix, &[3, 4, 5], now - 60);
-        assert_eq!(found.read, vec![(3, three), (5, b"five".to_vec())]);
-        assert!(found.problems.is_empty(), "{:?}", found.problems);
+    fn the_job_is_the_ranks_user() {
+        let procfs = ProcFs::new("/proc");
+        let me = std::process::id() as i32;
+        assert_eq!(job_uid(&procfs, &[me]), Ok(own_euid()));
         assert_eq!(
-            read(&prefix, &[3, 5], now + 60),
-            OwnDumps::default(),
-            "written before the job"
+            job_uid(&procfs, &[]),
+            Ok(own_euid()),
+            "no rank: hangwatch's own"
         );
     }
 }

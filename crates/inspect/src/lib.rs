@@ -4,7 +4,9 @@
 pub mod earlier;
 pub mod maps;
 pub mod namespaces;
+pub mod own_dumps;
 pub mod paths;
+pub mod pickle_shape;
 pub mod prepared;
 pub mod probe;
 pub mod pystack;
