@@ -8,9 +8,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use hangwatch_rpc::{JobSecret, JobToken};
 /// A fresh token's text, for `hangwatch token new -` (the binary does not reach `hangwatch_rpc` itself).
 pub use hangwatch_rpc::{new_token_text, NoRandomness};
+use hangwatch_rpc::{JobSecret, JobToken};
 use hangwatch_safefs::{SafeFsError, WriteMode};
 
 use crate::usage;
@@ -96,9 +96,22 @@ impl std::error::Error for NewTokenError {
 
 /// Writes a fresh job token (256 bits from the kernel's random source, as 64 hex digits and a newline) to `path`:
 /// created mode 0600, never through a symlink (a planted one is refused, its target untouched), and an existing
-/// file is refused unless `replace`, which then must be a regular file of ours. The directory must exist.
+/// file is refused unless `replace`, which then must be a regular file of ours. A missing directory is created
+/// (0700, with its missing parents: `~/.hangwatch/JOB.token` works the first time); an existing one is taken as
+/// it is.
 pub fn write_new_token(path: &Path, replace: bool) -> Result<(), NewTokenError> {
     let token = hangwatch_rpc::new_token_text().map_err(NewTokenError::Random)?;
+    let open_error = |source| NewTokenError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if std::fs::symlink_metadata(parent)
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        {
+            hangwatch_safefs::PrivateDir::open_or_create(parent).map_err(open_error)?;
+        }
+    }
     let how = if replace {
         WriteMode::Truncate
     } else {
@@ -179,10 +192,15 @@ mod tests {
     #[test]
     fn a_new_token_is_private_strong_and_never_overwrites_or_follows_a_link_unless_forced() {
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("job.token");
+        let file = dir.path().join(".hangwatch/tokens/job.token");
         write_new_token(&file, false).unwrap();
-        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&file), 0o600);
+        assert_eq!(
+            mode(&dir.path().join(".hangwatch")),
+            0o700,
+            "a missing directory is made private"
+        );
         let first = std::fs::read_to_string(&file).unwrap();
         assert_eq!(first.trim().len(), 64);
         assert!(read_job_secret(&file, "job-1").is_ok());
