@@ -55,6 +55,8 @@ enum Command {
     Config(commands::config::Args),
     /// An evidence bundle as one HTML page for people: verdict, every rank, culprit, probes, kernel log, timeline.
     Report(commands::report::Args),
+    /// Job tokens: `token new FILE` writes a fresh one (256 random bits) to a private file.
+    Token(commands::token::Args),
     /// Internal: read Python stacks and environment of rank processes in a throwaway child (used by dump).
     #[command(name = "__inspect-child", hide = true)]
     InspectChild(commands::inspect_child::Args),
@@ -123,6 +125,7 @@ fn main() -> ExitCode {
         Command::Probe(args) => commands::probe::run(args),
         Command::Coordinator(args) => commands::coordinator::run(*args),
         Command::Report(args) => commands::report::run(args),
+        Command::Token(args) => commands::token::run(args),
         Command::Steps(args) => commands::steps::run(args),
         Command::Node(args) => commands::node::run(args, config_file.as_deref()),
         Command::Config(args) => match &loaded {
@@ -214,6 +217,7 @@ fn command_name(command: &Command) -> &'static str {
         Command::Doctor(_) => "doctor",
         Command::Demo(_) => "demo",
         Command::Report(_) => "report",
+        Command::Token(_) => "token",
         Command::Steps(_) => "steps",
         Command::Node(_) => "node",
         Command::Config(_) => "config",

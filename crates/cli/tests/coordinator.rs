@@ -12,7 +12,7 @@ use nix::sys::signal::Signal;
 
 fn token_file(dir: &Path, mode: u32) -> std::path::PathBuf {
     let path = dir.join("token");
-    std::fs::write(&path, "0123456789abcdef0123456789abcdef\n").expect("write token");
+    std::fs::write(&path, "8e1f4c07a39d2b65f0c7e4a19b3d5862\n").expect("write token");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
     path
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::*;
 use hangwatch_testkit::{python, require};
 
-const TOKEN: &str = "squat-test-token-5f2c9a";
+const TOKEN: &str = "4b8d1e6f2a9c05e7d3b1f8a64c2e9d70";
 
 fn private_token(dir: &std::path::Path) -> String {
     let token = dir.join("token");

@@ -302,7 +302,7 @@ fn coordinator_metrics_parse_and_count_the_node_that_joined() {
     require!(parser_available(py));
     let dir = tempfile::tempdir().expect("tempdir");
     let token = dir.path().join("token");
-    std::fs::write(&token, "0123456789abcdef0123456789abcdef\n").expect("token");
+    std::fs::write(&token, "8e1f4c07a39d2b65f0c7e4a19b3d5862\n").expect("token");
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
     cmd.args([

@@ -783,7 +783,7 @@ fn an_agent_with_the_wrong_token_is_refused_says_so_and_changes_nothing() {
     let coordinator = cluster.start_coordinator();
     let dir = tempfile::tempdir().expect("temporary directory");
     let wrong = dir.path().join("wrong-token");
-    std::fs::write(&wrong, "ffffffffffffffffffffffffffffffffffffffffffffffff\n").expect("token");
+    std::fs::write(&wrong, "e3a95c18f07b42d6a1c8e05f9b372d4c6e81a0f57c3b9d24\n").expect("token");
     std::fs::set_permissions(&wrong, std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .expect("chmod 600");
     let wrong_s = wrong.to_string_lossy().into_owned();

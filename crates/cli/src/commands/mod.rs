@@ -20,3 +20,4 @@ pub mod read_strings;
 pub mod report;
 pub mod run;
 pub mod steps;
+pub mod token;
