@@ -16,6 +16,7 @@ pub mod parser;
 pub mod prefix;
 pub mod render;
 pub mod report;
+pub mod scope;
 pub mod stack;
 
 pub use follow::{follow, open_kmsg, FollowError, FollowSummary, DEV_KMSG};
@@ -28,7 +29,8 @@ pub use hangwatch_model::kernel_log::{
 pub use hangwatch_model::WallTime;
 pub use hung::HungTaskReport;
 pub use notices::{parse_oom_constraint, FsComplaint, OomConstraint, XidEvent};
-pub use parser::{events_from_text, Event, Parser};
+pub use parser::{events_from_text, Event, LineUse, Parser};
 pub use render::{render_event, render_report};
 pub use report::{report_from_lines, report_from_reader, report_from_text, ReportOptions, Since};
+pub use scope::{lines_of_job, JobScope};
 pub use stack::{page_fault, FaultAccess, Frame};

@@ -291,6 +291,45 @@ pub fn parse_oom_constraint(text: &str) -> Option<OomConstraint> {
     })
 }
 
+/// The process a fault killed or signalled: `python[4242]: segfault at 0 ip ... error 4 in libc.so.6[...]`,
+/// `traps: python[4242] general protection fault ip:...`, `python[4242] trap invalid opcode ip:...`: its pid.
+pub fn parse_user_fault(text: &str) -> Option<u32> {
+    let text = text.trim();
+    let text = text.strip_prefix("traps: ").unwrap_or(text);
+    let open = text.find('[')?;
+    let (pid, rest) = text[open + 1..].split_once(']')?;
+    let pid = pid.parse().ok()?;
+    let fault = rest.starts_with(": segfault at ")
+        || rest.starts_with(" general protection fault")
+        || rest.starts_with(" trap ");
+    (open > 0 && fault).then_some(pid)
+}
+
+/// `oom_reaper: reaped process 4242 (python), now anon-rss:0kB, ...`: the pid.
+pub fn parse_oom_reaped(text: &str) -> Option<u32> {
+    let at = text.find("oom_reaper: reaped process ")?;
+    let rest = &text[at + "oom_reaper: reaped process ".len()..];
+    rest.split(' ').next()?.parse().ok()
+}
+
+/// The user an OOM line names: `UID:1001` in a `Killed process` line of recent kernels, `uid=1001` in the
+/// `oom-kill:` summary.
+pub fn oom_uid(text: &str) -> Option<u32> {
+    let digits = |rest: &str| -> Option<u32> {
+        let end = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        rest[..end].parse().ok()
+    };
+    if let Some(at) = text.find(" UID:") {
+        return digits(&text[at + " UID:".len()..]);
+    }
+    let at = text.find("oom-kill:")?;
+    text[at..]
+        .split(',')
+        .find_map(|kv| kv.trim().strip_prefix("uid=").and_then(digits))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -472,6 +511,43 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn faults_name_their_process() {
+        assert_eq!(
+            parse_user_fault(
+                "python3[4242]: segfault at 0 ip 00007f sp 00007ffe error 4 in libc.so.6[7f+1000]"
+            ),
+            Some(4242)
+        );
+        assert_eq!(
+            parse_user_fault(
+                "traps: pt_main_thread[77] general protection fault ip:7f sp:7ffe error:0"
+            ),
+            Some(77)
+        );
+        assert_eq!(
+            parse_user_fault("a.out[9] trap invalid opcode ip:40 sp:7ffe error:0"),
+            Some(9)
+        );
+        assert_eq!(parse_user_fault("[4242]: segfault at 0"), None);
+        assert_eq!(parse_user_fault("usb 1-1[3]: new device"), None);
+        assert_eq!(
+            parse_oom_reaped(
+                "oom_reaper: reaped process 4242 (python), now anon-rss:0kB, file-rss:0kB"
+            ),
+            Some(4242)
+        );
+        assert_eq!(
+            oom_uid("Memory cgroup out of memory: Killed process 4242 (python) total-vm:1kB, UID:1001 pgtables:4kB"),
+            Some(1001)
+        );
+        assert_eq!(
+            oom_uid("oom-kill:constraint=CONSTRAINT_MEMCG,task=python3,pid=7927,uid=1001"),
+            Some(1001)
+        );
+        assert_eq!(oom_uid("Out of memory: Killed process 1 (x)"), None);
     }
 
     #[test]

@@ -56,12 +56,27 @@ impl LogStats {
     }
 }
 
+/// What one line was to the parser ([`Parser::push_line_use`]): which lines make which event, for a reader that
+/// keeps or drops lines by what they say (`crate::scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineUse {
+    /// A line of the `n`th hung-task report of this parser's input (from 0; its header or a line after it). The
+    /// reports come out as [`Event::HungTask`] in the order they started.
+    HungReport(usize),
+    /// A one-line notice: the last event this call pushed.
+    Notice,
+    /// Not part of any event.
+    Unused,
+}
+
 /// Turns kernel-log lines into [`Event`]s. Never panics on any input; unknown lines are skipped.
 #[derive(Debug, Default)]
 pub struct Parser {
     pending: Option<Pending>,
     stats: LogStats,
     boot_unix_s: Option<f64>,
+    /// Hung-task reports started so far.
+    reports_started: usize,
 }
 
 #[derive(Debug)]
@@ -102,9 +117,14 @@ impl Parser {
 
     /// Reads one line (with or without trailing newline); finished events are appended to `out`.
     pub fn push_line(&mut self, line: &str, out: &mut Vec<Event>) {
+        self.push_line_use(line, out);
+    }
+
+    /// [`Parser::push_line`], saying what the line was.
+    pub fn push_line_use(&mut self, line: &str, out: &mut Vec<Event>) -> LineUse {
         self.stats.lines += 1;
         let Some(entry) = split_prefix(line) else {
-            return;
+            return LineUse::Unused;
         };
         let time = entry.time.with_boot_time(self.boot_unix_s);
         match self
@@ -120,9 +140,14 @@ impl Parser {
             self.stats.first_time.get_or_insert(time);
             self.stats.last_time = Some(time);
         }
+        let mut used = LineUse::Unused;
         for text in entry.text.split('\n') {
-            self.handle(time, text, out);
+            let this = self.handle(time, text, out);
+            if used == LineUse::Unused {
+                used = this;
+            }
         }
+        used
     }
 
     /// Finishes a report still waiting for lines.
@@ -132,7 +157,7 @@ impl Parser {
         }
     }
 
-    fn handle(&mut self, time: Timestamp, text: &str, out: &mut Vec<Event>) {
+    fn handle(&mut self, time: Timestamp, text: &str, out: &mut Vec<Event>) -> LineUse {
         if let Some((comm, pid, secs)) = hung::parse_header(text) {
             self.flush(out);
             self.pending = Some(Pending {
@@ -140,7 +165,8 @@ impl Parser {
                 closed: false,
                 in_owner_dump: false,
             });
-            return;
+            self.reports_started += 1;
+            return LineUse::HungReport(self.reports_started - 1);
         }
         if let Some(pending) = self.pending.as_mut() {
             let too_far = time
@@ -148,7 +174,7 @@ impl Parser {
                 .is_some_and(|d| d.abs() > MAX_REPORT_SPAN_S);
             if !too_far {
                 if let Step::Consumed = pending.take(text) {
-                    return;
+                    return LineUse::HungReport(self.reports_started - 1);
                 }
             }
             self.flush(out);
@@ -161,7 +187,10 @@ impl Parser {
             out.push(Event::FsComplaint(complaint));
         } else if let Some(oom) = notices::parse_oom_kill(time, text) {
             out.push(Event::OomKill(oom));
+        } else {
+            return LineUse::Unused;
         }
+        LineUse::Notice
     }
 }
 
