@@ -326,6 +326,19 @@ mod tests {
     }
 
     #[test]
+    fn no_password_at_all_for_an_unencrypted_link() {
+        let e = env(&[("PGPASSWORD", "pw"), ("PGPORT", "6543")]);
+        let t = target("postgresql://hw:in-url@db.example/fleet?sslmode=disable&connect_timeout=9");
+        let with = client_config(&t, &e, Duration::from_secs(1)).unwrap();
+        assert_eq!(with.get_password(), Some(&b"in-url"[..]));
+        let without = client_config_without_password(&t, &e, Duration::from_secs(1)).unwrap();
+        assert_eq!(without.get_password(), None);
+        assert_eq!(describe(&without), describe(&with));
+        assert_eq!(without.get_connect_timeout(), with.get_connect_timeout());
+        assert_eq!(without.get_application_name(), Some("hangwatch"));
+    }
+
+    #[test]
     fn pgpass_is_read_when_private_and_the_password_file_comes_first() {
         let dir = tempfile::tempdir().unwrap();
         let pgpass = dir.path().join("pgpass");
