@@ -1,7 +1,9 @@
 //! The node's verdict history as an admin meets it: two real hangs with the same cause (rank 0's log on an ext4
 //! that freezes, a new loop mount each time), one after the other on this machine; the second verdict says the
 //! cause was seen before, and `hangwatch history` lists both as one recurring cause. One hang looked at twice by the
-//! loop is one row.
+//! loop is one row. A real hang's verdict reaches the fleet database (a PostgreSQL server of the test's own) only
+//! through verified TLS, set up by the site's configuration file; against a server without TLS it stays local
+//! and says what to do.
 
 mod common;
 
@@ -9,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use hangwatch_testkit::{python, require, LoopExt4};
+use hangwatch_testkit::{python, require, LoopExt4, PostgresServer};
 use serde_json::Value;
 
 /// One hang: a 2-rank job whose rank 0 logs onto a fresh ext4 that freezes; the history in `state`.
@@ -159,4 +161,80 @@ fn one_hang_looked_at_twice_is_one_row_and_not_its_own_recurrence() {
             .contains(&done.report_dir.display().to_string()),
         "{listed:#}"
     );
+}
+
+/// A 2-rank job whose ranks sleep (a hang found at 3 s) under `hangwatch run`, with `site` as the site's
+/// configuration file.
+fn sleeping_job_with_site(site: &str) -> (tempfile::TempDir, Finished) {
+    let py = python().expect("python");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(&file, site).unwrap();
+    let mut cmd = hangwatch();
+    cmd.env("HANGWATCH_CONFIG", &file)
+        .env("XDG_CONFIG_HOME", dir.path())
+        .env_remove("HANGWATCH_HISTORY_URL");
+    let job = vec![
+        py.display().to_string(),
+        "-c".to_string(),
+        "import time; time.sleep(120)".to_string(),
+    ];
+    let mut run = HangwatchRun::start_in(
+        cmd,
+        &["--nproc", "2", "--stall-after", "3s", "--quiet"],
+        &job,
+    );
+    let done = run.finish(Duration::from_secs(60));
+    (dir, done)
+}
+
+#[test]
+fn a_real_verdict_ships_to_the_fleet_over_verified_tls_and_never_to_a_server_without_it() {
+    require!(python());
+    let server = require!(PostgresServer::start());
+    let ca = server.ca_file().expect("a CA");
+    let password_file = server.password_file().expect("password file");
+    let site = format!(
+        "history_url = {:?}\nhistory_ca = {:?}\nhistory_password_file = {:?}\n",
+        server.bare_url(),
+        ca.display().to_string(),
+        password_file.display().to_string()
+    );
+    let (_dir, done) = sleeping_job_with_site(&site);
+    done.assert_code(75);
+    let recurrence = &done.json["recurrence"];
+    assert_eq!(recurrence["source"], "fleet", "{}", done.describe());
+    assert_eq!(
+        server
+            .psql("SELECT count(*) FROM fleet_verdicts")
+            .expect("psql"),
+        "1"
+    );
+    let log = server.log().expect("server log");
+    let connections: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("connection authorized") && l.contains("application_name=hangwatch"))
+        .collect();
+    assert!(!connections.is_empty(), "{log}");
+    for line in connections {
+        assert!(line.contains("SSL enabled (protocol=TLSv1."), "{line}");
+    }
+
+    // The same site against a server without TLS: the verdict is the node's own, and says why and what to do.
+    let plain = require!(PostgresServer::start_without_tls());
+    plain.set_host_lines("host", "trust").expect("trust");
+    let site = format!("history_url = {:?}\n", plain.bare_url());
+    let (_dir, done) = sleeping_job_with_site(&site);
+    done.assert_code(75);
+    let recurrence = &done.json["recurrence"];
+    assert_eq!(recurrence["source"], "local", "{}", done.describe());
+    let why = recurrence["fleet_unavailable"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("does not offer TLS") && why.contains("insecure_history = true"),
+        "{}",
+        done.describe()
+    );
+    assert!(plain.log().expect("server log").lines().all(|l| !(l
+        .contains("connection authorized")
+        && l.contains("application_name=hangwatch"))));
 }
