@@ -167,9 +167,9 @@ fn one_hang_looked_at_twice_is_one_row_and_not_its_own_recurrence() {
 /// configuration file.
 fn sleeping_job_with_site(site: &str) -> (tempfile::TempDir, Finished) {
     let py = python().expect("python");
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("config.toml");
-    std::fs::write(&file, site).unwrap();
+    std::fs::write(&file, site).expect("site configuration");
     let mut cmd = hangwatch();
     cmd.env("HANGWATCH_CONFIG", &file)
         .env("XDG_CONFIG_HOME", dir.path())
