@@ -9,7 +9,10 @@
 //!   probes.json         filesystem probes
 //!   thresholds.json     the stall threshold in force and how it was learned
 //!   progress.json       progress over time up to the roll call (the report's timeline)
-//!   kernel-log.txt      kernel-log lines since the job started; kernel-report.json: what they say
+//!   kernel-log.txt      kernel-log lines since the job started (only those about the job when a root watcher
+//!                       keeps another user's evidence); kernel-report.json: what they say
+//!   kernel-log.root.txt every line, beside a cut kernel-log.txt, when the site asks (--keep-kernel-log): 0600,
+//!                       root's, never handed to the job's owner
 //!   output/rank-N.txt   the last lines each rank printed
 //!   run.json            command, node, start time, hangwatch version
 //! ```
@@ -33,6 +36,10 @@ pub struct Evidence<'a> {
     pub timeline: &'a hangwatch_model::ProgressTimeline,
     pub kernel_log: &'a str,
     pub kernel_log_unavailable: Option<&'a str>,
+    /// Keep only the kernel-log lines about this job (a root watcher of another user's job); `None`: every line.
+    pub kernel_log_scope: Option<&'a hangwatch_kmsg::JobScope>,
+    /// With a scope: every line too, in [`crate::kernel_log::ROOT_KERNEL_LOG`].
+    pub keep_whole_kernel_log: bool,
     pub tails: &'a [(String, Vec<String>)],
     pub run: &'a RunRecord,
 }
@@ -47,6 +54,7 @@ pub const BUNDLE_FILES: &[&str] = &[
     "progress.json",
     "run.json",
     "kernel-log.txt",
+    crate::kernel_log::ROOT_KERNEL_LOG,
     "kernel-report.json",
     "output",
 ];
@@ -185,13 +193,12 @@ impl Evidence<'_> {
             EvidenceFile::new("progress.json", json(self.timeline)),
             EvidenceFile::new("run.json", json(self.run)),
         ];
-        let kernel = match self.kernel_log_unavailable {
-            Some(why) => format!("# kernel log not collected: {why}\n"),
-            None => self.kernel_log.to_string(),
-        };
-        files.push(EvidenceFile::new("kernel-log.txt", kernel.into_bytes()));
-        let report = hangwatch_kmsg::report_from_text(self.kernel_log);
-        files.push(EvidenceFile::new("kernel-report.json", json(&report)));
+        files.extend(kernel_files(
+            self.kernel_log,
+            self.kernel_log_unavailable,
+            self.kernel_log_scope,
+            self.keep_whole_kernel_log,
+        ));
         for (who, lines) in self.tails {
             let mut text = lines.join("\n");
             text.push('\n');
@@ -202,6 +209,98 @@ impl Evidence<'_> {
         }
         files
     }
+}
+
+/// `kernel-log.txt` and `kernel-report.json` (and, for a cut log kept whole, [`crate::kernel_log::ROOT_KERNEL_LOG`]):
+/// every line of `kernel_log`, or with `scope` only those about the job (pure).
+pub fn kernel_files(
+    kernel_log: &str,
+    unavailable: Option<&str>,
+    scope: Option<&hangwatch_kmsg::JobScope>,
+    keep_whole: bool,
+) -> Vec<EvidenceFile> {
+    let mut files = Vec::new();
+    let (kernel, report) = match (unavailable, scope) {
+        (Some(why), _) => (
+            format!("# kernel log not collected: {why}\n"),
+            hangwatch_kmsg::report_from_text(kernel_log),
+        ),
+        (None, None) => (
+            kernel_log.to_string(),
+            hangwatch_kmsg::report_from_text(kernel_log),
+        ),
+        (None, Some(scope)) => {
+            let all: Vec<&str> = kernel_log.lines().collect();
+            let kept = hangwatch_kmsg::lines_of_job(&all, scope);
+            let mut text: String = kept.iter().map(|l| format!("{l}\n")).collect();
+            let report = hangwatch_kmsg::report_from_text(&text);
+            let whole = if keep_whole {
+                files.push(EvidenceFile::new(
+                    crate::kernel_log::ROOT_KERNEL_LOG,
+                    kernel_log.as_bytes().to_vec(),
+                ));
+                format!(
+                    "; every line is in {} (root's)",
+                    crate::kernel_log::ROOT_KERNEL_LOG
+                )
+            } else {
+                String::new()
+            };
+            text.insert_str(
+                    0,
+                    &format!(
+                        "# the {} of {} kernel-log lines since the job started that concern it (its processes, its \
+                         user's OOM kills, its filesystems, GPU Xid errors; --kernel-log job){whole}\n",
+                        kept.len(),
+                        all.len()
+                    ),
+                );
+            (text, report)
+        }
+    };
+    files.push(EvidenceFile::new("kernel-log.txt", kernel.into_bytes()));
+    files.push(EvidenceFile::new("kernel-report.json", json(&report)));
+    files
+}
+
+/// The job a cut kernel log is kept for: its processes (`pids`, those observed) and their threads, its user, and
+/// the filesystems its ranks' blocked calls and probes name.
+pub fn job_scope(
+    pids: &[i32],
+    observations: &[ProcessObservation],
+    probes: &[ProbeResult],
+    uid: Option<u32>,
+) -> hangwatch_kmsg::JobScope {
+    let mut scope = hangwatch_kmsg::JobScope {
+        uid,
+        ..Default::default()
+    };
+    let ids = pids.iter().copied().chain(
+        observations
+            .iter()
+            .flat_map(|o| std::iter::once(o.pid).chain(o.threads.iter().map(|t| t.tid))),
+    );
+    scope.pids = ids.filter_map(|id| u32::try_from(id).ok()).collect();
+    let mut mount = |fstype: Option<&str>, source: Option<&str>| {
+        if let (Some(fstype), Some(source)) = (fstype, source) {
+            let pair = (fstype.to_string(), source.to_string());
+            if !scope.mounts.contains(&pair) {
+                scope.mounts.push(pair);
+            }
+        }
+    };
+    for thread in observations.iter().flat_map(|o| &o.threads) {
+        if let Some(hangwatch_model::SyscallObservation::InSyscall {
+            file: Some(file), ..
+        }) = &thread.syscall
+        {
+            mount(file.fstype.as_deref(), file.source.as_deref());
+        }
+    }
+    for probe in probes {
+        mount(probe.fstype.as_deref(), probe.source.as_deref());
+    }
+    scope
 }
 
 /// The verdict files alone (after the job was ended, the verdict gains its actions).
@@ -298,4 +397,101 @@ fn json<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}").into_bytes());
     bytes.push(b'\n');
     bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOG: &str = "\
+3,100,900000000,-;INFO: task python:5402 blocked for more than 120 seconds.
+6,101,900000001,-;task:python          state:D stack:0     pid:5402  tgid:5390  ppid:5380   flags:0x00000002
+6,102,900000002,-;Call Trace:
+6,103,900000003,-; ksys_write+0x6f/0xf0
+3,104,900000004,-;Memory cgroup out of memory: Killed process 7777 (secret_tool) total-vm:1kB, UID:1002 pgtables:4kB
+3,105,900000005,-;hangwatch-test-marker-XYZ
+";
+
+    fn file<'a>(files: &'a [EvidenceFile], name: &str) -> Option<&'a str> {
+        files
+            .iter()
+            .find(|f| f.name == name)
+            .map(|f| f.text.as_str())
+    }
+
+    #[test]
+    fn a_cut_kernel_log_holds_the_jobs_lines_and_the_whole_one_only_when_asked() {
+        let scope = hangwatch_kmsg::JobScope {
+            pids: [5390].into_iter().collect(),
+            uid: Some(1001),
+            mounts: Vec::new(),
+        };
+        let files = kernel_files(LOG, None, Some(&scope), false);
+        let cut = file(&files, "kernel-log.txt").expect("kernel-log.txt");
+        assert!(cut.starts_with("# the 4 of 6 kernel-log lines"), "{cut}");
+        assert!(cut.contains("task python:5402 blocked"));
+        assert!(
+            !cut.contains("secret_tool") && !cut.contains("marker"),
+            "{cut}"
+        );
+        let report = file(&files, "kernel-report.json").expect("report");
+        assert!(
+            report.contains("5402") && !report.contains("secret_tool"),
+            "{report}"
+        );
+        assert_eq!(file(&files, crate::kernel_log::ROOT_KERNEL_LOG), None);
+
+        let files = kernel_files(LOG, None, Some(&scope), true);
+        assert_eq!(file(&files, crate::kernel_log::ROOT_KERNEL_LOG), Some(LOG));
+        assert!(file(&files, "kernel-log.txt")
+            .is_some_and(|t| t.contains("every line is in kernel-log.root.txt")));
+    }
+
+    #[test]
+    fn without_a_scope_every_line_is_kept() {
+        let files = kernel_files(LOG, None, None, true);
+        assert_eq!(file(&files, "kernel-log.txt"), Some(LOG));
+        assert_eq!(file(&files, crate::kernel_log::ROOT_KERNEL_LOG), None);
+    }
+
+    #[test]
+    fn the_scope_is_the_jobs_processes_threads_user_and_mounts() {
+        let observation = ProcessObservation {
+            pid: 5390,
+            threads: vec![hangwatch_model::ThreadObservation {
+                tid: 5402,
+                syscall: Some(hangwatch_model::SyscallObservation::InSyscall {
+                    nr: 1,
+                    name: Some("write".into()),
+                    args: Vec::new(),
+                    fd: Some(3),
+                    file: Some(hangwatch_model::FileRef {
+                        path: "/mnt/x/log".into(),
+                        mount: Some("/mnt/x".into()),
+                        fstype: Some("ext4".into()),
+                        source: Some("/dev/loop3".into()),
+                        filesystem: None,
+                    }),
+                    path: None,
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let probe = ProbeResult {
+            fstype: Some("nfs4".into()),
+            source: Some("fs01:/export".into()),
+            ..Default::default()
+        };
+        let scope = job_scope(&[5391], &[observation], &[probe], Some(1001));
+        assert_eq!(scope.pids, [5390, 5391, 5402].into_iter().collect());
+        assert_eq!(scope.uid, Some(1001));
+        assert_eq!(
+            scope.mounts,
+            vec![
+                ("ext4".to_string(), "/dev/loop3".to_string()),
+                ("nfs4".to_string(), "fs01:/export".to_string())
+            ]
+        );
+    }
 }

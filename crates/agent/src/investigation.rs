@@ -51,6 +51,8 @@ pub(crate) struct InvestigationJob {
     pub(crate) run: RunRecord,
     pub(crate) kernel_log: String,
     pub(crate) kernel_log_unavailable: Option<String>,
+    /// Which kernel-log lines the evidence keeps.
+    pub(crate) kernel_log_keeping: crate::kernel_log::KernelLogKeeping,
     pub(crate) tails: Vec<(String, Vec<String>)>,
     pub(crate) report_dir: PathBuf,
     pub(crate) program: PathBuf,
@@ -293,6 +295,18 @@ impl InvestigationJob {
         }
         self.run.rollcall = crate::evidence::RollCallRecord::of(observations);
         let processes: Vec<ProcessObservation> = observations.processes().cloned().collect();
+        let (kernel_log_scope, keep_whole_kernel_log) = match &self.kernel_log_keeping {
+            crate::kernel_log::KernelLogKeeping::All => (None, false),
+            crate::kernel_log::KernelLogKeeping::Job { uid, keep_whole } => (
+                Some(crate::evidence::job_scope(
+                    &self.pids,
+                    &processes,
+                    &observations.probes,
+                    *uid,
+                )),
+                *keep_whole,
+            ),
+        };
         let evidence = Evidence {
             verdict: &verdict,
             observations: &processes,
@@ -301,6 +315,8 @@ impl InvestigationJob {
             timeline: &self.timeline,
             kernel_log: &self.kernel_log,
             kernel_log_unavailable: self.kernel_log_unavailable.as_deref(),
+            kernel_log_scope: kernel_log_scope.as_ref(),
+            keep_whole_kernel_log,
             tails: &self.tails,
             run: &self.run,
         };

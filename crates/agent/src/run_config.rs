@@ -44,6 +44,8 @@ impl RunConfig {
             coordinator: None,
             metrics: None,
             instrument: true,
+            kernel_log: None,
+            keep_kernel_log: false,
         }
     }
 }

@@ -94,6 +94,12 @@ pub struct RunConfig {
     /// Put hangwatch's bootstrap first on the ranks' `PYTHONPATH` (beats on optimizer steps, checkpoint phases:
     /// [`crate::instrument`]); off: the ranks' environment is left as it is.
     pub instrument: bool,
+    /// Which kernel-log lines the evidence keeps (`--kernel-log`); `None`: the job's alone when hangwatch is root
+    /// and the attached processes are another user's, else every line ([`crate::kernel_log::KernelLogKeeping`]).
+    pub kernel_log: Option<crate::kernel_log::KernelLogScope>,
+    /// Where only the job's lines are kept: also keep the whole log, root's alone, in
+    /// [`crate::kernel_log::ROOT_KERNEL_LOG`] (`--keep-kernel-log`).
+    pub keep_kernel_log: bool,
 }
 
 /// How the run ended.

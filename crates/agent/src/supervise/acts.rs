@@ -208,6 +208,7 @@ impl Supervisor {
             run: self.run_record(),
             kernel_log: self.kernel_log.text(),
             kernel_log_unavailable: self.kernel_log.unavailable.clone(),
+            kernel_log_keeping: self.kernel_log.keeping.clone(),
             tails: self.tails.snapshot(),
             report_dir: self.config.report_dir.clone(),
             program: self.program.clone(),

@@ -91,7 +91,19 @@ impl Supervisor {
                     .map_err(|e| tracing::warn!(error = %e, "no zero-code instrumentation: the bootstrap could not be written"))
                     .ok();
         }
-        let kernel_log = KernelLog::follow();
+        let mut kernel_log = KernelLog::follow();
+        let procfs = hangwatch_proc::ProcFs::new("/proc");
+        let attached_uids: Vec<Option<u32>> = launch_spec
+            .attach
+            .iter()
+            .map(|&pid| procfs.status(pid).ok().and_then(|s| s.euid))
+            .collect();
+        kernel_log.keeping = crate::kernel_log::KernelLogKeeping::decide(
+            config.kernel_log,
+            config.keep_kernel_log,
+            nix::unistd::geteuid().as_raw(),
+            &attached_uids,
+        );
         let console = config.console.map(Console::start);
         let tails = Arc::new(Tails::new(200));
         let open_streams = Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -112,6 +112,8 @@ fn config() -> RunConfig {
         coordinator: None,
         metrics: None,
         instrument: false,
+        kernel_log: None,
+        keep_kernel_log: false,
     }
 }
 

@@ -28,6 +28,24 @@ pub enum Action {
     Requeue,
 }
 
+/// `--kernel-log`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelLogArg {
+    /// The lines about the job.
+    Job,
+    /// Every line since the job started.
+    All,
+}
+
+impl KernelLogArg {
+    fn scope(self) -> hangwatch_agent::kernel_log::KernelLogScope {
+        match self {
+            KernelLogArg::Job => hangwatch_agent::kernel_log::KernelLogScope::Job,
+            KernelLogArg::All => hangwatch_agent::kernel_log::KernelLogScope::All,
+        }
+    }
+}
+
 impl Action {
     pub fn on_hang(self) -> OnHang {
         match self {
@@ -177,6 +195,16 @@ pub struct Args {
     /// handed to the owner of the first attached process.
     #[arg(long, value_name = "PATH", requires = "attach")]
     beat_socket: Option<PathBuf>,
+    /// Which kernel-log lines the evidence keeps: `job`, those about the job (its processes' hung-task reports,
+    /// OOM kills and faults, its user's OOM kills, complaints about its filesystems, GPU Xid errors), or `all`
+    /// [default: job when hangwatch runs as root and the attached processes are another user's (the node
+    /// service's watchers), else all].
+    #[arg(long, value_enum, value_name = "SCOPE")]
+    kernel_log: Option<KernelLogArg>,
+    /// Where only the job's kernel-log lines are kept: also keep every line in the report directory, in
+    /// kernel-log.root.txt (mode 0600, hangwatch's user's: root's), which is never the job owner's.
+    #[arg(long)]
+    keep_kernel_log: bool,
     /// The job: a command and its arguments, after `--`.
     #[arg(
         trailing_var_arg = true,
@@ -373,6 +401,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         fs_stall: args.fs_stall,
         metrics: agent_metrics.clone(),
         instrument: !args.no_instrument,
+        kernel_log: args.kernel_log.map(KernelLogArg::scope),
+        keep_kernel_log: args.keep_kernel_log,
         ..RunConfig::new(launch, report_dir.clone())
     };
     let metrics = agent_metrics.map(|metrics| attempt::MetricsOutput {
