@@ -26,6 +26,18 @@ fn service(cluster: &SlurmCluster, node: &str, out: &Path) -> ChildGuard {
 }
 
 fn service_with(cluster: &SlurmCluster, node: &str, out: &Path, config: &Path) -> ChildGuard {
+    service_at(cluster, node, out, config, Some(out))
+}
+
+/// Node `node`'s service, its log and state in `out`; the evidence under `report_root`, else where a site's goes
+/// (each owner's `/var/tmp/hangwatch-<uid>`).
+fn service_at(
+    cluster: &SlurmCluster,
+    node: &str,
+    out: &Path,
+    config: &Path,
+    report_root: Option<&Path>,
+) -> ChildGuard {
     // Appended: a restarted service writes after the one before it.
     let err = std::fs::OpenOptions::new()
         .create(true)
@@ -56,8 +68,11 @@ fn service_with(cluster: &SlurmCluster, node: &str, out: &Path, config: &Path) -
         // The cluster's munged: how the services of one job agree on its coordinator's secret.
         .arg("--munge-socket")
         .arg(cluster.dir.join("run/munge/munge.socket.2"))
-        .arg("--report-root")
-        .arg(out)
+        .args(
+            report_root
+                .iter()
+                .flat_map(|r| [std::ffi::OsStr::new("--report-root"), r.as_os_str()]),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(err)
@@ -452,4 +467,215 @@ fn the_shipped_systemd_unit_passes_systemd_analyze_verify() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Puts back what was at a user's `/var/tmp/hangwatch-<uid>` before the test took the name, also on failure.
+struct UsersRootGuard {
+    path: std::path::PathBuf,
+    kept: Option<std::path::PathBuf>,
+}
+
+impl UsersRootGuard {
+    fn take(uid: u32) -> UsersRootGuard {
+        let path = std::path::PathBuf::from(format!("/var/tmp/hangwatch-{uid}"));
+        let kept = std::fs::symlink_metadata(&path).is_ok().then(|| {
+            let aside = path.with_extension(format!("kept-{}", std::process::id()));
+            std::fs::rename(&path, &aside).expect("move the user's evidence root aside");
+            aside
+        });
+        UsersRootGuard { path, kept }
+    }
+}
+
+impl Drop for UsersRootGuard {
+    fn drop(&mut self) {
+        // Only the symlink the test planted is removed (a directory there would be evidence: left alone).
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.file_type().is_symlink()) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        if let Some(kept) = &self.kept {
+            let _ = std::fs::rename(kept, &self.path);
+        }
+    }
+}
+
+/// The node service runs as root and acts on what it finds; a job can write anything into its own environment and
+/// its own directories. A real unprivileged user (uid 1001) runs a job whose tasks `exec` themselves with uid
+/// 1000's job id, another node's name (n2, where uid 1000's job runs), a `../` step id and a 127 KiB host list,
+/// then stop (a hang the service ends); the user swaps their `/var/tmp/hangwatch-1001` for a symlink to a root-owned
+/// directory before the step ends. uid 1000's job keeps running, n2 is never drained nor asked for a key, the
+/// attacker's own job is the one cancelled, the service says what it did not believe, its memory stays small, and
+/// nothing in the root-owned directory changes owner.
+#[test]
+fn a_job_that_forges_another_jobs_identity_and_plants_a_symlink_turns_root_against_nobody() {
+    // The system's: another user cannot run root's own Python (a pyenv under /root, say).
+    let system_python = Path::new("/usr/bin/python3");
+    let py = if system_python.exists() {
+        system_python
+    } else {
+        python().expect("python3")
+    };
+    let Some(cluster) = SlurmCluster::start_or_skip(2) else {
+        return;
+    };
+    let (victim_uid, attacker_uid) = (1000, 1001);
+    let victim = common::slurm::user_with_uid(victim_uid);
+    let attacker = common::slurm::user_with_uid(attacker_uid);
+    let _users_root = UsersRootGuard::take(attacker_uid);
+    let work = tempfile::tempdir().expect("temporary directory");
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = work.path().join("services");
+    std::fs::create_dir(&out).expect("services' directory");
+    let jobs = |who: &str| {
+        let dir = work.path().join(who);
+        std::fs::create_dir(&dir).expect("job directory");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        dir
+    };
+    let (victim_out, attacker_out) = (jobs("victim"), jobs("attacker"));
+    // What root must never hand over: a root-owned directory with a file in it.
+    let precious = work.path().join("precious");
+    std::fs::create_dir(&precious).expect("precious dir");
+    std::fs::write(precious.join("shadow"), "root's\n").expect("precious file");
+    let mut services: Vec<ChildGuard> = ["n1", "n2"]
+        .iter()
+        .map(|n| service_at(&cluster, n, &out, Path::new("/dev/null"), None))
+        .collect();
+    let victim_job = cluster.submit_as(
+        &victim,
+        &victim_out,
+        &format!(
+            "#!/bin/bash\nsrun --ntasks=1 {py} -u -c 'import time\nfor i in range(600): print(i, flush=True); time.sleep(1)'\n",
+            py = py.display()
+        ),
+        &["--nodes=1", "--ntasks=1", "-w", "n2"],
+    );
+    // The attacker's tasks rewrite every Slurm variable the service used to believe, then rank 0 stops.
+    let attack = attacker_out.join("attack.py");
+    std::fs::write(
+        &attack,
+        format!(
+            "import os, sys\n\
+             env = dict(os.environ, SLURM_JOB_ID='{victim_job}', SLURMD_NODENAME='n2',\n\
+                        SLURM_STEP_ID='../../../tmp/hangwatch-escape',\n\
+                        SLURM_STEP_NODELIST='n[' + '0' * (127 * 1024) + '-99999]',\n\
+                        RANK=os.environ['SLURM_PROCID'], WORLD_SIZE='2')\n\
+             body = ('import os, signal, time\\n'\n\
+                     'for i in range(5): print(i, flush=True); time.sleep(1)\\n'\n\
+                     'if os.environ[\"RANK\"] == \"0\": os.kill(os.getpid(), signal.SIGSTOP)\\n'\n\
+                     'time.sleep(600)\\n')\n\
+             os.execve(sys.executable, [sys.executable, '-c', body], env)\n"
+        ),
+    )
+    .expect("attack script");
+    let attacker_job = cluster.submit_as(
+        &attacker,
+        &attacker_out,
+        &format!(
+            "#!/bin/bash\nsrun --ntasks=2 {py} {attack}\n",
+            py = py.display(),
+            attack = attack.display()
+        ),
+        &["--nodes=1", "--ntasks=2", "-w", "n1"],
+    );
+    // The attacker, as themselves, puts a symlink where root will hand over the evidence.
+    let planted = std::process::Command::new("runuser")
+        .args(["-u", &attacker, "--", "ln", "-s"])
+        .arg(&precious)
+        .arg(format!("/var/tmp/hangwatch-{attacker_uid}"))
+        .status()
+        .expect("runuser ln");
+    assert!(planted.success(), "the attacker plants the symlink");
+    let state = |id: &str| SlurmCluster::field(&cluster.job(id), "JobState");
+    let logs = || {
+        format!(
+            "n1:\n{}\nn2:\n{}",
+            service_log(&out, "n1"),
+            service_log(&out, "n2")
+        )
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), POLL, || service_log(&out, "n1")
+            .contains(&format!(
+                "watching step {attacker_job}.0 on n1 (uid {attacker_uid}"
+            ))),
+        "n1 watches the attacker's step as the attacker's, on n1: {}\n{}",
+        cluster.job(&attacker_job),
+        logs()
+    );
+    let n1 = service_log(&out, "n1");
+    assert!(
+        n1.contains(&format!("SLURM_JOB_ID={victim_job}")) && n1.contains("not believed"),
+        "the service says what it did not believe:\n{n1}"
+    );
+    // 127 KiB of zeros in a host list: read as text, never expanded.
+    let rss_kb = std::fs::read_to_string(format!("/proc/{}/status", services[0].pid()))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .expect("the service's VmRSS");
+    assert!(rss_kb < 50 * 1024, "n1's service holds {rss_kb} kB");
+    assert!(
+        wait_until(Duration::from_secs(120), POLL, || service_log(&out, "n1")
+            .contains(&format!("job {attacker_job} cancelled through Slurm"))),
+        "the attacker's own stopped job is the one ended: {}\n{}",
+        cluster.job(&attacker_job),
+        logs()
+    );
+    assert_eq!(
+        state(&victim_job).as_deref(),
+        Some("RUNNING"),
+        "uid {victim_uid}'s job runs on: {}\n{}",
+        cluster.job(&victim_job),
+        logs()
+    );
+    let (n1, n2) = (service_log(&out, "n1"), service_log(&out, "n2"));
+    assert!(!n1.contains(&format!("job {victim_job} cancelled")), "{n1}");
+    assert!(
+        !n2.contains(&format!("step {attacker_job}")),
+        "n2 never took the attacker's step:\n{n2}"
+    );
+    assert!(
+        !n1.contains("hosting its coordinator") && !n2.contains("gave") && !n1.contains("gave"),
+        "no key left any service for a claimed node list:\n{}",
+        logs()
+    );
+    assert!(
+        !n1.contains("../"),
+        "no `../` reached a name the service made:\n{n1}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || service_log(&out, "n1")
+            .contains(&format!(
+                "cannot hand step {attacker_job}.0's evidence to uid {attacker_uid}"
+            ))),
+        "the planted symlink is refused, the evidence kept root's:\n{}",
+        logs()
+    );
+    for path in [precious.clone(), precious.join("shadow")] {
+        let meta = std::fs::symlink_metadata(&path).expect("still there");
+        assert_eq!(meta.uid(), 0, "{} keeps uid 0", path.display());
+    }
+    let node = |name: &str| {
+        cluster
+            .command("scontrol")
+            .args(["show", "node", name, "-o"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    assert!(
+        !node("n2").contains("DRAIN"),
+        "n2 is not drained: {}",
+        node("n2")
+    );
+    assert!(
+        !Path::new("/tmp/hangwatch-escape").exists(),
+        "nothing was made where the forged step id pointed"
+    );
+    services.clear();
 }

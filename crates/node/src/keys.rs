@@ -440,6 +440,7 @@ mod tests {
             nodes: vec!["n1".into(), "n2".into()],
             node_index: Some(0),
             ranks: Vec::new(),
+            disbelieved: Vec::new(),
         };
         let joining = hosting(&step, 2, &HostedKeys::default(), &settings).expect("hosting");
         assert!(joining.host && joining.coordinator.starts_with("127.0.0.1:"));

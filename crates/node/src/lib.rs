@@ -330,6 +330,13 @@ pub fn run(args: Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
             }
             starting.remove(&key);
             seen.insert(key.clone());
+            for claim in &step.disbelieved {
+                say(format!(
+                    "hangwatch node: warning: step {}: {claim}: not believed (a step's job, step and node are \
+                     its slurmstepd's)",
+                    step.name()
+                ));
+            }
             if let Some(pid) = own_hangwatch(&procfs, &step.tasks) {
                 say(format!(
                     "hangwatch node: step {} runs its own hangwatch (pid {pid}): left to it",
@@ -781,6 +788,7 @@ mod tests {
             nodes: Vec::new(),
             node_index: None,
             ranks: Vec::new(),
+            disbelieved: Vec::new(),
         }
     }
 

@@ -75,6 +75,10 @@ pub struct StepOnNode {
     pub node_index: Option<u32>,
     /// The ranks below (or among) the tasks, in rank order; filled by [`find_steps`].
     pub ranks: Vec<StepRank>,
+    /// Tasks whose environment names another job, step or node than their daemon's facts: not believed, but
+    /// said (a job rewriting its Slurm variables is worth an admin's look).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disbelieved: Vec<String>,
 }
 
 impl StepOnNode {
@@ -156,7 +160,11 @@ pub fn steps_on_node(
             nodes: Vec::new(),
             node_index: None,
             ranks: Vec::new(),
+            disbelieved: Vec::new(),
         });
+        if let Some(claim) = said.and_then(|t| disbelieved_claim(row.pid, t, daemon)) {
+            entry.disbelieved.push(claim);
+        }
         entry.tasks.push(row.pid);
         entry.tasks_expected = entry.tasks_expected.max(said.and_then(|t| t.tasks_on_node));
         entry.may_span_nodes |= said
@@ -170,6 +178,43 @@ pub fn steps_on_node(
             s
         })
         .collect()
+}
+
+/// What task `pid` says of itself that its daemon's facts contradict (`SLURM_JOB_ID`, `SLURM_STEP_ID`,
+/// `SLURMD_NODENAME`), in words; `None` when it agrees or says nothing.
+fn disbelieved_claim(pid: i32, said: &SlurmTask, daemon: &DaemonFacts) -> Option<String> {
+    let step = said.step_id.as_deref().unwrap_or("batch");
+    let mut claims = Vec::new();
+    if let Some(job) = said.job_id.as_deref().filter(|j| *j != daemon.job.as_str()) {
+        claims.push(format!("SLURM_JOB_ID={}", shorten(job)));
+    }
+    if said.job_id.is_some() && step != daemon.step.as_str() {
+        claims.push(format!("SLURM_STEP_ID={}", shorten(step)));
+    }
+    if let Some(node) = said
+        .node_name
+        .as_deref()
+        .filter(|n| *n != daemon.node.as_str())
+    {
+        claims.push(format!("SLURMD_NODENAME={}", shorten(node)));
+    }
+    (!claims.is_empty()).then(|| {
+        format!(
+            "task {pid} says {} but its slurmstepd serves {}.{} on {}",
+            claims.join(" "),
+            daemon.job,
+            daemon.step,
+            daemon.node
+        )
+    })
+}
+
+fn shorten(text: &str) -> String {
+    let mut short: String = text.chars().filter(|c| !c.is_control()).take(40).collect();
+    if text.chars().count() > 40 {
+        short.push('…');
+    }
+    short
 }
 
 /// Whether a host list may name more than one host, without expanding it (`n1`, `gpu-1`: no; `n[1-2]`, `a,b`:
@@ -564,6 +609,10 @@ mod tests {
         assert_eq!(
             (steps[0].name(), steps[0].node.as_deref()),
             ("8.0".into(), Some("n1"))
+        );
+        assert_eq!(
+            steps[0].disbelieved,
+            ["task 2 says SLURM_JOB_ID=7 SLURM_STEP_ID=../../etc SLURMD_NODENAME=n2 but its slurmstepd serves 8.0 on n1"]
         );
         // A process that only calls itself slurmstepd is no daemon: its children are nobody's tasks.
         let rows = vec![row(1, 0, "slurmstepd"), row(2, 1, "python3")];

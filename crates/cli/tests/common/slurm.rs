@@ -80,6 +80,31 @@ impl SlurmCluster {
             .to_string()
     }
 
+    /// Submits `script` as user `user` (a real unprivileged user: `runuser`, as that user would from a login
+    /// node); `out` must be theirs to write.
+    pub fn submit_as(&self, user: &str, out: &Path, script: &str, options: &[&str]) -> String {
+        let path = out.join("job.sh");
+        std::fs::write(&path, script).expect("job script");
+        let submitted = Command::new("runuser")
+            .args(["-u", user, "--", "env"])
+            .arg(format!("SLURM_CONF={}", self.conf.display()))
+            .args(["sbatch", "--parsable"])
+            .args(options)
+            .arg("-o")
+            .arg(out.join("batch.out"))
+            .arg(&path)
+            .output()
+            .expect("runuser sbatch runs");
+        assert!(
+            submitted.status.success(),
+            "sbatch as {user}: {}",
+            String::from_utf8_lossy(&submitted.stderr)
+        );
+        String::from_utf8_lossy(&submitted.stdout)
+            .trim()
+            .to_string()
+    }
+
     pub fn command(&self, program: &str) -> Command {
         let mut cmd = Command::new(program);
         cmd.env("SLURM_CONF", &self.conf);
@@ -114,4 +139,37 @@ impl Drop for SlurmCluster {
 
 pub fn scripts() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/slurm")
+}
+
+/// The name of the user with `uid`, made (no home, no login) when the machine has none: the tests that act as
+/// other users need real ones, and CI's machine may have only root.
+pub fn user_with_uid(uid: u32) -> String {
+    let known = Command::new("getent")
+        .args(["passwd", &uid.to_string()])
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split(':')
+                .next()
+                .map(str::to_string)
+        })
+        .filter(|n| !n.trim().is_empty());
+    if let Some(name) = known {
+        return name.trim().to_string();
+    }
+    let name = format!("hwtest{uid}");
+    let made = Command::new("useradd")
+        .args(["--no-create-home", "--shell", "/bin/bash", "--uid"])
+        .arg(uid.to_string())
+        .arg(&name)
+        .output()
+        .expect("useradd runs");
+    // Another test may have made it meanwhile.
+    assert!(
+        made.status.success() || String::from_utf8_lossy(&made.stderr).contains("already"),
+        "useradd {name}: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    name
 }
