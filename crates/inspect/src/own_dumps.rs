@@ -15,7 +15,8 @@
 //!   `protected_symlinks` rule says);
 //! - the dump itself is opened `O_NOFOLLOW` (a link is never followed) and `O_NONBLOCK` (a FIFO never waits), and
 //!   read only when it is a regular file owned by the job's user (the ranks' effective uid), not writable by every
-//!   user, written since the job started, at most [`MAX_FLIGHT_RECORDER_DUMP_BYTES`];
+//!   user, with no other hard link (another rank's dump linked in its place), written since the job started, at
+//!   most [`MAX_FLIGHT_RECORDER_DUMP_BYTES`];
 //! - its pickle is decoded only when its containers nest at most [`crate::pickle_shape::MAX_DEPTH`] deep
 //!   (`pickle_shape`), and only plain values are decoded (a pickle naming a class or a function is refused).
 //!
@@ -363,6 +364,14 @@ fn read_dump(
     if st.st_mode & 0o002 != 0 {
         return Err("writable by every user: not read".to_string());
     }
+    // torch writes a new file; a second name is someone's link to a file of the job's user (another rank's
+    // dump, an older one), where `protected_hardlinks` is off.
+    if st.st_nlink != 1 {
+        return Err(format!(
+            "has {} hard links, a dump has one: not read",
+            st.st_nlink
+        ));
+    }
     if st.st_mtime < i64::try_from(request.since_unix_s).unwrap_or(i64::MAX) {
         return Ok(None);
     }
@@ -480,7 +489,7 @@ mod tests {
     }
 
     #[test]
-    fn a_symlink_at_the_dump_path_is_not_followed() {
+    fn a_symbolic_or_hard_link_at_the_dump_path_is_not_read() {
         require!(need_root());
         let (top, shared) = shared_tmp();
         // The target is a genuine dump of the job's user: the link, whoever made it, is still not followed.
@@ -493,6 +502,13 @@ mod tests {
         assert_eq!(records(&lines), Vec::<u32>::new());
         let said = problems(&lines).join("; ");
         assert!(said.contains("a symbolic link, not followed"), "{said}");
+        // Nor a hard link to the job's own file (rank 3's dump in rank 2's place).
+        std::fs::remove_file(shared.join("nccl_trace_rank_2")).expect("rm");
+        std::fs::hard_link(&target, shared.join("nccl_trace_rank_2")).expect("link");
+        let lines = look(&request(&shared.join("nccl_trace_rank_")));
+        assert_eq!(records(&lines), Vec::<u32>::new());
+        let said = problems(&lines).join("; ");
+        assert!(said.contains("has 2 hard links"), "{said}");
     }
 
     #[test]
