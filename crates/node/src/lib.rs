@@ -37,7 +37,7 @@ fn usage(message: impl Into<String>) -> anyhow::Error {
 /// How the service runs: `hangwatch node`'s options (crates/cli), documented there.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// This node's name as its steps know it (SLURMD_NODENAME); `None`: every step on this machine.
+    /// This node's name in Slurm; `None`: the host name, or every emulated node's (`slurmd -N`) on this machine.
     pub node_name: Option<String>,
     /// What to do about a hung step; a job may narrow it with HANGWATCH_ACTION=observe.
     pub action: NodeAction,
@@ -51,6 +51,8 @@ pub struct Settings {
     pub peers: Vec<String>,
     /// munged's socket; `None`: munge's own.
     pub munge_socket: Option<PathBuf>,
+    /// Every kernel-log line of a hang kept root's beside the evidence (`run --keep-kernel-log`).
+    pub keep_kernel_log: bool,
 }
 
 /// The service's node-local directory (tmpfs, root's): `tokens/` (root only) holds the watchers' token files,
@@ -256,6 +258,7 @@ pub fn run(args: Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
             action,
             joining.as_ref(),
             beat_sockets.as_deref(),
+            args.keep_kernel_log,
         ) {
             Ok(watcher) => {
                 say(format!(
@@ -479,6 +482,7 @@ fn start_watcher(
     action: NodeAction,
     joining: Option<&Joining>,
     beat_sockets: Option<&Path>,
+    keep_kernel_log: bool,
 ) -> anyhow::Result<Watcher> {
     let staging = staging_root()?;
     let dir_name = step_dir_name(step);
@@ -509,6 +513,9 @@ fn start_watcher(
     }
     if let Some(dir) = beat_sockets {
         command.arg("--beat-socket").arg(beat_socket(dir, step));
+    }
+    if keep_kernel_log {
+        command.arg("--keep-kernel-log");
     }
     // The service's own systemd channel is not the watchers'.
     command

@@ -15,8 +15,8 @@ on its tasks, with the site's [run] settings; a job asks for less with HANGWATCH
 environment; a step that runs its own `hangwatch run` is left to it. A hung job is ended through Slurm (scancel),
 so its state says so. See docs/node-service.md.")]
 pub struct Args {
-    /// This node's name as its steps know it (SLURMD_NODENAME): several emulated nodes may share one machine
-    /// [default: every step on this machine].
+    /// This node's name in Slurm, where it is not the host name; on a machine that runs several emulated nodes
+    /// (`slurmd -N NAME`), the only one whose steps are watched [default: the host name; every emulated node].
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
     /// What to do about a hung step: abort (end the job through Slurm) or observe (evidence and alerts only). A
@@ -42,6 +42,10 @@ pub struct Args {
     /// own, /run/munge/munge.socket.2].
     #[arg(long, value_name = "PATH")]
     munge_socket: Option<PathBuf>,
+    /// Keep every kernel-log line of a hang in root's kernel-log.root.txt (0600) beside the evidence; the job's
+    /// owner gets only the lines about their job either way (the node's log may name other users' processes).
+    #[arg(long)]
+    keep_kernel_log: bool,
 }
 
 /// `--action`'s values.
@@ -63,6 +67,7 @@ pub fn run(args: Args, config: Option<&Path>) -> anyhow::Result<ExitCode> {
         peer_listen: args.peer_listen,
         peers: args.peers,
         munge_socket: args.munge_socket,
+        keep_kernel_log: args.keep_kernel_log,
     };
     hangwatch_node::run(settings, config)
 }

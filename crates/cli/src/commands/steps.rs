@@ -12,12 +12,13 @@ use serde::Serialize;
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
-Each step is a slurmstepd and the tasks it started; its ranks are found below them as `run` finds them (the
-outermost process with RANK, else each task by SLURM_PROCID). Needs to read other users' /proc entries: root (or
+Each step is a slurmstepd (a root process running Slurm's file; its job and step from its own title) and the
+tasks it started; its ranks are found below them as `run` finds them (the outermost process with RANK, else each
+task by SLURM_PROCID). Needs to read other users' /proc entries: root (or
 CAP_SYS_PTRACE) for every job, else only your own. See docs/node-service.md.")]
 pub struct Args {
-    /// Only the steps of this node (SLURMD_NODENAME): several emulated nodes may share one machine [default: every
-    /// step on this machine].
+    /// This node's name in Slurm, where it is not the host name; on a machine that runs several emulated nodes
+    /// (`slurmd -N NAME`), only that node's steps [default: the host name; every emulated node].
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
     /// Print one JSON document on stdout.
