@@ -25,7 +25,7 @@ echo "export HANGWATCH_AGENT_LATER=1"
 # where any user of the node can put a file first. This prolog runs as the job's user and gives each step a
 # directory of that user alone (0700), node-local, unless the job chose its own place. A path that exists and is
 # not the user's own 0700 directory (someone else's, a link) is never used: the default stays, and the watcher
-# reads a dump there only when the job's user owns it (crates/inspect/src/own_dumps.rs).
+# reads a dump there only when the job's user owns it (crates/inspect/src/dump_files.rs).
 uid=$(id -u) || exit 0
 # $1 is made 0700 when absent; either way it must be a directory (not a link), this user's, mode 700.
 private_dir() {

@@ -1,7 +1,7 @@
 //! Where the job's own Flight Recorder dumps are (`<TORCH_FR_DUMP_TEMP_FILE><rank>`, pickled, written by torch
 //! after its own collective timeout or when the job asks) and whose they must be: the ranks' user. Read at a roll
-//! call for the ranks that did not answer it, by the reader child (`hangwatch_inspect::own_dumps`, which says
-//! which files are trusted and why), never in this process: the prefix may be on the filesystem that stopped, and
+//! call for the ranks that did not answer it, by the reader child (`hangwatch_inspect::own_dumps`;
+//! `hangwatch_inspect::dump_files` says which files are trusted and why), never in this process: the prefix may be on the filesystem that stopped, and
 //! a dump is whatever its writer made it.
 
 use std::path::Path;

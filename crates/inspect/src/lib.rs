@@ -1,6 +1,7 @@
 //! Inspects rank processes on this node without ever blocking on a watched filesystem or stopping a rank:
 //! /proc reads, Python stacks in a throwaway child, filesystem probes in sacrificial children.
 
+pub mod dump_files;
 pub mod earlier;
 pub mod maps;
 pub mod namespaces;

@@ -109,9 +109,9 @@ pub(crate) enum ServeRequest {
     Prepare { pids: Vec<i32> },
     /// Read these pids now, with the prepared readers where there are.
     Read { pids: Vec<i32> },
-    /// Find, check and decode the job's own Flight Recorder dumps (`crate::own_dumps`): a throwaway child is
+    /// Find, check and decode the job's own Flight Recorder dumps (`crate::dump_files`): a throwaway child is
     /// asked this alone.
-    OwnDumps(Box<crate::own_dumps::OwnDumpsRequest>),
+    OwnDumps(Box<crate::dump_files::OwnDumpsRequest>),
 }
 
 /// Reads environment and Python stacks of `pids`, never blocking on a stuck one for longer than the options say.
@@ -526,7 +526,7 @@ pub fn serve_main(input: impl std::io::BufRead, out: &mut impl Write) -> std::io
                     readers.read(pid, true, out)?;
                 }
             }
-            Ok(ServeRequest::OwnDumps(request)) => crate::own_dumps::answer(&request, out)?,
+            Ok(ServeRequest::OwnDumps(request)) => crate::dump_files::answer(&request, out)?,
             // The parent writes these lines; one it did not mean is skipped, not fatal.
             Err(_) => continue,
         }
