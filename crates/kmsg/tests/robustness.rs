@@ -106,6 +106,25 @@ proptest! {
         run(&lines);
     }
 
+    /// The job's lines are some of the input's, in order, never a line made up; a scope of nothing keeps no
+    /// hung-task report.
+    #[test]
+    fn a_jobs_lines_are_a_subsequence_of_the_log(lines in prop::collection::vec(line(), 0..40), pid in 0u32..300_000) {
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let scope = hangwatch_kmsg::JobScope {
+            pids: [pid, 280_058].into_iter().collect(),
+            uid: Some(1001),
+            mounts: vec![("nfs4".into(), "fs01:/export".into()), ("ext4".into(), "/dev/sda1".into())],
+        };
+        let kept = hangwatch_kmsg::lines_of_job(&refs, &scope);
+        let mut rest = refs.iter();
+        for line in &kept {
+            prop_assert!(rest.any(|l| std::ptr::eq(*l, *line)), "{line:?} is not next in the input");
+        }
+        let nobody = hangwatch_kmsg::lines_of_job(&refs, &hangwatch_kmsg::JobScope::default());
+        prop_assert!(!nobody.iter().any(|l| l.contains("blocked for more than")), "{nobody:?}");
+    }
+
     #[test]
     fn arbitrary_text_never_panics(text in any::<String>()) {
         let lines: Vec<String> = text.split('\n').map(str::to_string).collect();
