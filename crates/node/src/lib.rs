@@ -164,7 +164,7 @@ struct Watcher {
     step: StepOnNode,
     /// Where the watcher writes its evidence: `dir_name` in root's `staging` directory, until the step ends.
     report_dir: PathBuf,
-    staging: hangwatch_safefs::PrivateDir,
+    staging: Arc<hangwatch_safefs::PrivateDir>,
     dir_name: String,
     /// The watcher's stdout once it closed: its verdict, one JSON document.
     stdout: Receiver<Vec<u8>>,
@@ -216,6 +216,12 @@ pub fn run(args: Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
             ))
         })
         .ok();
+    let staging = Arc::new(staging_root().map_err(|e| {
+        usage(format!(
+            "cannot keep the steps' evidence ({e:#}): the service needs a directory of root's for it \
+             (/var/lib/hangwatch-node/evidence, or node-evidence in $HANGWATCH_STATE_DIR)"
+        ))
+    })?);
     let program = hangwatch_child::self_exe()?;
     let options = StackReadOptions::for_self()?;
     let procfs = ProcFs::new("/proc");
@@ -259,6 +265,7 @@ pub fn run(args: Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
             joining.as_ref(),
             beat_sockets.as_deref(),
             args.keep_kernel_log,
+            &staging,
         ) {
             Ok(watcher) => {
                 say(format!(
@@ -423,18 +430,20 @@ fn own_hangwatch(procfs: &ProcFs, tasks: &[i32]) -> Option<i32> {
         .map(|s| s.pid)
 }
 
-/// Where the service keeps each step's evidence while the step runs: a directory of root's in its state directory
-/// (`$HANGWATCH_STATE_DIR`, else root's default), that no user can enter. The watcher writes there; when the step
-/// ends the directory is handed to the job's owner ([`hand_over`]).
+/// Where the service keeps each step's evidence while the step runs: `node-evidence` in
+/// `$HANGWATCH_STATE_DIR` where set (a site's or a test's choice), else `/var/lib/hangwatch-node/evidence`, whose
+/// every parent is root's (not `/var/tmp`, where any user could take a name before the service first starts).
+/// Opened once and held; the watcher writes there, and when the step ends the directory is handed to the job's
+/// owner ([`hand_over`]).
 fn staging_root() -> anyhow::Result<hangwatch_safefs::PrivateDir> {
-    let state = hangwatch_run::dirs::state_dir(
-        &hangwatch_run::dirs::ProcessEnv,
-        hangwatch_safefs::euid(),
-        &hangwatch_run::dirs::node_local,
-    );
-    Ok(hangwatch_safefs::PrivateDir::open_or_create(
-        &state.join("node-evidence"),
-    )?)
+    let dir = match std::env::var_os(hangwatch_run::dirs::STATE_DIR_ENV)
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute())
+    {
+        Some(state) => state.join("node-evidence"),
+        None => PathBuf::from("/var/lib/hangwatch-node/evidence"),
+    };
+    Ok(hangwatch_safefs::PrivateDir::open_or_create(&dir)?)
 }
 
 /// The name of a step's evidence directory: every part is in the grammar of Slurm's names (the step's facts are
@@ -483,8 +492,8 @@ fn start_watcher(
     joining: Option<&Joining>,
     beat_sockets: Option<&Path>,
     keep_kernel_log: bool,
+    staging: &Arc<hangwatch_safefs::PrivateDir>,
 ) -> anyhow::Result<Watcher> {
-    let staging = staging_root()?;
     let dir_name = step_dir_name(step);
     let report_dir = staging.subdir(&dir_name)?.path().to_path_buf();
     let mut command = Command::new(program);
@@ -556,7 +565,7 @@ fn start_watcher(
         child,
         step: step.clone(),
         report_dir,
-        staging,
+        staging: Arc::clone(staging),
         dir_name,
         stdout,
         action,
