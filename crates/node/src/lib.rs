@@ -257,16 +257,14 @@ pub fn run(args: Settings, config: Option<&Path>) -> anyhow::Result<ExitCode> {
                  step: &StepOnNode,
                  action: NodeAction,
                  joining: Option<Joining>| {
-        match start_watcher(
-            &program,
+        let launch = Launch {
+            program: &program,
             config,
-            step,
-            action,
-            joining.as_ref(),
-            beat_sockets.as_deref(),
-            args.keep_kernel_log,
-            &staging,
-        ) {
+            beat_sockets: beat_sockets.as_deref(),
+            keep_kernel_log: args.keep_kernel_log,
+            staging: &staging,
+        };
+        match start_watcher(&launch, step, action, joining.as_ref()) {
             Ok(watcher) => {
                 say(format!(
                     "hangwatch node: watching step {} on {} (uid {}, tasks {:?}, action {}{}); evidence in {} \
@@ -484,16 +482,28 @@ fn hand_over(
         .map_err(|e| format!("{e:#}"))
 }
 
+/// What every watcher of this service is started with.
+struct Launch<'a> {
+    program: &'a Path,
+    config: Option<&'a Path>,
+    beat_sockets: Option<&'a Path>,
+    keep_kernel_log: bool,
+    staging: &'a Arc<hangwatch_safefs::PrivateDir>,
+}
+
 fn start_watcher(
-    program: &Path,
-    config: Option<&Path>,
+    launch: &Launch<'_>,
     step: &StepOnNode,
     action: NodeAction,
     joining: Option<&Joining>,
-    beat_sockets: Option<&Path>,
-    keep_kernel_log: bool,
-    staging: &Arc<hangwatch_safefs::PrivateDir>,
 ) -> anyhow::Result<Watcher> {
+    let Launch {
+        program,
+        config,
+        beat_sockets,
+        keep_kernel_log,
+        staging,
+    } = *launch;
     let dir_name = step_dir_name(step);
     let report_dir = staging.subdir(&dir_name)?.path().to_path_buf();
     let mut command = Command::new(program);
