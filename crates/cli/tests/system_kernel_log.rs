@@ -2,7 +2,7 @@
 //! uid) hands that user only the kernel-log lines about their job: a line another process wrote to the kernel log
 //! while the job hung is not in the job's `kernel-log.txt`, and is in the root-only `kernel-log.root.txt` beside it
 //! when the site asks (`--keep-kernel-log`). The same run reads the job's Flight Recorder prefix from a rank's
-//! environment and refuses a dump there that another user planted.
+//! environment, reads the job's user's dump there and refuses the one another user planted.
 
 mod common;
 
@@ -37,20 +37,22 @@ fn another_users_job_gets_only_its_kernel_log_lines_and_root_keeps_the_rest() {
     require!(need_root());
     let py = hangwatch_testkit::python().expect("python3");
     let user = slurm::user_with_uid(JOB_UID);
-    // Where the ranks say torch dumps (their environment, as the TaskProlog would set it): rank 1's is planted.
+    // Where the ranks say torch dumps (their environment, as the TaskProlog would set it): rank 0's dump is the
+    // job's user's, rank 1's was planted by a stranger.
     let dumps = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dumps.path(), std::fs::Permissions::from_mode(0o1777)).expect("chmod");
-    let planted = dumps.path().join("fr_1");
-    std::fs::write(
-        &planted,
-        std::fs::read(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../diagnosis/tests/fixtures/flight_recorder/pickled/rank1.pickle"),
+    for (rank, owner) in [(0, JOB_UID), (1, STRANGER)] {
+        let dump = dumps.path().join(format!("fr_{rank}"));
+        std::fs::write(
+            &dump,
+            std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+                "../diagnosis/tests/fixtures/flight_recorder/pickled/rank{rank}.pickle"
+            )))
+            .expect("recorded pickle"),
         )
-        .expect("recorded pickle"),
-    )
-    .expect("plant");
-    std::os::unix::fs::chown(&planted, Some(STRANGER), Some(STRANGER)).expect("chown");
+        .expect("dump");
+        std::os::unix::fs::chown(&dump, Some(owner), Some(owner)).expect("chown");
+    }
 
     let ranks: Vec<ChildGuard> = (0..2)
         .map(|rank| {
@@ -122,7 +124,13 @@ fn another_users_job_gets_only_its_kernel_log_lines_and_root_keeps_the_rest() {
     let meta = std::fs::metadata(&whole).expect("stat");
     assert_eq!((meta.mode() & 0o777, meta.uid()), (0o600, 0));
 
-    // The dump prefix came from a rank's environment; the dump someone else planted there was not read.
+    // The dump prefix came from a rank's environment: the job's user's dump there was read, the one someone else
+    // planted was not.
+    assert!(
+        !done.json["collectives"].is_null(),
+        "rank 0's dump was read: {}",
+        done.describe()
+    );
     let verdict = done.json.to_string();
     assert!(
         verdict.contains(&format!(
