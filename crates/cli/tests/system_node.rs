@@ -501,11 +501,12 @@ impl Drop for UsersRootGuard {
 
 /// The node service runs as root and acts on what it finds; a job can write anything into its own environment and
 /// its own directories. A real unprivileged user (uid 1001) runs a job whose tasks `exec` themselves with uid
-/// 1000's job id, another node's name (n2, where uid 1000's job runs), a `../` step id and a 127 KiB host list,
-/// then stop (a hang the service ends); the user swaps their `/var/tmp/hangwatch-1001` for a symlink to a root-owned
-/// directory before the step ends. uid 1000's job keeps running, n2 is never drained nor asked for a key, the
-/// attacker's own job is the one cancelled, the service says what it did not believe, its memory stays small, and
-/// nothing in the root-owned directory changes owner.
+/// 1000's job id, another node's name (n2, where uid 1000's job runs), a `../` step id and a 127 KiB host list;
+/// its rank 0 logs onto an ext4 that then freezes (rank 0 in D: a hang whose rank no signal ends, so the service
+/// cancels the job and drains the node). The user swaps their `/var/tmp/hangwatch-1001` for a symlink to a
+/// root-owned directory before the step ends. uid 1000's job keeps running, n2 is never drained nor asked for a
+/// key, the attacker's own job is the one cancelled and their own node (n1) the one drained, the service says what
+/// it did not believe, its memory stays small, and nothing in the root-owned directory changes owner.
 #[test]
 fn a_job_that_forges_another_jobs_identity_and_plants_a_symlink_turns_root_against_nobody() {
     // The system's: another user cannot run root's own Python (a pyenv under /root, say).
@@ -515,6 +516,7 @@ fn a_job_that_forges_another_jobs_identity_and_plants_a_symlink_turns_root_again
     } else {
         python().expect("python3")
     };
+    let fs = require!(LoopExt4::new(64));
     let Some(cluster) = SlurmCluster::start_or_skip(2) else {
         return;
     };
@@ -534,6 +536,12 @@ fn a_job_that_forges_another_jobs_identity_and_plants_a_symlink_turns_root_again
         dir
     };
     let (victim_out, attacker_out) = (jobs("victim"), jobs("attacker"));
+    // The attacker's rank 0 logs there (theirs to write, like a scratch filesystem).
+    std::fs::set_permissions(fs.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let log = fs.path().join("attack.log");
+    let port = hangwatch_testkit::free_tcp_port().expect("a free port");
+    // Without `..` in it: the service's log must show none but the forged step id's.
+    let rank = std::fs::canonicalize(scripts().join("../python/rank.py")).expect("rank.py");
     // What root must never hand over: a root-owned directory with a file in it.
     let precious = work.path().join("precious");
     std::fs::create_dir(&precious).expect("precious dir");
@@ -551,7 +559,7 @@ fn a_job_that_forges_another_jobs_identity_and_plants_a_symlink_turns_root_again
         ),
         &["--nodes=1", "--ntasks=1", "-w", "n2"],
     );
-    // The attacker's tasks rewrite every Slurm variable the service used to believe, then rank 0 stops.
+    // The attacker's tasks rewrite every Slurm variable the service used to believe, then run as ranks.
     let attack = attacker_out.join("attack.py");
     std::fs::write(
         &attack,
@@ -560,12 +568,12 @@ fn a_job_that_forges_another_jobs_identity_and_plants_a_symlink_turns_root_again
              env = dict(os.environ, SLURM_JOB_ID='{victim_job}', SLURMD_NODENAME='n2',\n\
                         SLURM_STEP_ID='../../../tmp/hangwatch-escape',\n\
                         SLURM_STEP_NODELIST='n[' + '0' * (127 * 1024) + '-99999]',\n\
-                        RANK=os.environ['SLURM_PROCID'], WORLD_SIZE='2')\n\
-             body = ('import os, signal, time\\n'\n\
-                     'for i in range(5): print(i, flush=True); time.sleep(1)\\n'\n\
-                     'if os.environ[\"RANK\"] == \"0\": os.kill(os.getpid(), signal.SIGSTOP)\\n'\n\
-                     'time.sleep(600)\\n')\n\
-             os.execve(sys.executable, [sys.executable, '-c', body], env)\n"
+                        RANK=os.environ['SLURM_PROCID'], LOCAL_RANK=os.environ['SLURM_LOCALID'],\n\
+                        WORLD_SIZE='2', MASTER_ADDR='127.0.0.1', MASTER_PORT='{port}')\n\
+             os.execve(sys.executable, [sys.executable, '{rank}', '--step-time', '0.1', '--log', '{log}',\n\
+                                        '--only-rank', '0'], env)\n",
+            rank = rank.display(),
+            log = log.display(),
         ),
     )
     .expect("attack script");
@@ -609,6 +617,13 @@ fn a_job_that_forges_another_jobs_identity_and_plants_a_symlink_turns_root_again
         n1.contains(&format!("SLURM_JOB_ID={victim_job}")) && n1.contains("not believed"),
         "the service says what it did not believe:\n{n1}"
     );
+    assert!(
+        wait_until(Duration::from_secs(60), POLL, || lines_in(&log) >= 3),
+        "the attacker's rank 0 never logged: {}\n{}",
+        cluster.job(&attacker_job),
+        logs()
+    );
+    let frozen = require!(fs.freeze());
     // 127 KiB of zeros in a host list: read as text, never expanded.
     let rss_kb = std::fs::read_to_string(format!("/proc/{}/status", services[0].pid()))
         .ok()
@@ -620,10 +635,16 @@ fn a_job_that_forges_another_jobs_identity_and_plants_a_symlink_turns_root_again
         .expect("the service's VmRSS");
     assert!(rss_kb < 50 * 1024, "n1's service holds {rss_kb} kB");
     assert!(
-        wait_until(Duration::from_secs(120), POLL, || service_log(&out, "n1")
+        wait_until(Duration::from_secs(90), POLL, || service_log(&out, "n1")
             .contains(&format!("job {attacker_job} cancelled through Slurm"))),
-        "the attacker's own stopped job is the one ended: {}\n{}",
+        "the attacker's own hung job is the one ended: {}\n{}",
         cluster.job(&attacker_job),
+        logs()
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), POLL, || service_log(&out, "n1")
+            .contains("node n1 drained: rank 0 could not be killed")),
+        "the attacker's own node is the one drained, for its unkillable rank:\n{}",
         logs()
     );
     assert_eq!(
@@ -644,8 +665,10 @@ fn a_job_that_forges_another_jobs_identity_and_plants_a_symlink_turns_root_again
         "no key left any service for a claimed node list:\n{}",
         logs()
     );
+    // Only the line that quotes the disbelieved claim may show it.
     assert!(
-        !n1.contains("../"),
+        !n1.lines()
+            .any(|l| l.contains("../") && !l.contains("not believed")),
         "no `../` reached a name the service made:\n{n1}"
     );
     assert!(
@@ -673,6 +696,7 @@ fn a_job_that_forges_another_jobs_identity_and_plants_a_symlink_turns_root_again
         "n2 is not drained: {}",
         node("n2")
     );
+    drop(frozen);
     assert!(
         !Path::new("/tmp/hangwatch-escape").exists(),
         "nothing was made where the forged step id pointed"
