@@ -12,10 +12,10 @@ use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, CWD};
+use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
-use crate::{check_name, explain, FoundKind, PrivateDir, SafeFsError, DIR_MODE};
+use crate::{check_name, explain, open_admins_dir, FoundKind, PrivateDir, SafeFsError, DIR_MODE};
 
 /// A directory of another user's (their `/var/tmp/hangwatch-<uid>`), or a site's report root, held open: where
 /// [`PrivateDir::hand_over`] moves what it gives.
@@ -32,16 +32,7 @@ impl UsersDir {
     pub fn open_or_create(parent: &Path, name: &str, uid: u32) -> Result<UsersDir, SafeFsError> {
         check_name(name)?;
         let path = parent.join(name);
-        let parent_fd = rustix::fs::openat(
-            CWD,
-            parent,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| SafeFsError::Open {
-            path: parent.to_path_buf(),
-            source: e.into(),
-        })?;
+        let parent_fd = open_admins_dir(parent)?;
         let made = match rustix::fs::mkdirat(&parent_fd, name, Mode::from_raw_mode(DIR_MODE)) {
             Ok(()) => true,
             Err(Errno::EXIST) => false,
@@ -72,16 +63,7 @@ impl UsersDir {
 
     /// A directory the site chose (`--report-root`), opened as it is: its parents and itself are the admin's.
     pub fn open_site_root(path: &Path) -> Result<UsersDir, SafeFsError> {
-        let fd = rustix::fs::openat(
-            CWD,
-            path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| SafeFsError::Open {
-            path: path.to_path_buf(),
-            source: e.into(),
-        })?;
+        let fd = open_admins_dir(path)?;
         Ok(UsersDir {
             fd,
             path: path.to_path_buf(),

@@ -470,17 +470,22 @@ pub fn open_file_in_dir(path: &Path, how: WriteMode) -> Result<File, SafeFsError
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let dir = rustix::fs::openat(
+    let dir = open_admins_dir(parent)?;
+    open_file_at(dir.as_fd(), name, path.to_path_buf(), how)
+}
+
+/// A directory that is the caller's or the admin's choice, opened by its path as it is (symlinks in it followed).
+fn open_admins_dir(path: &Path) -> Result<OwnedFd, SafeFsError> {
+    rustix::fs::openat(
         CWD,
-        parent,
+        path,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
     .map_err(|e| SafeFsError::Open {
-        path: parent.to_path_buf(),
+        path: path.to_path_buf(),
         source: e.into(),
-    })?;
-    open_file_at(dir.as_fd(), name, path.to_path_buf(), how)
+    })
 }
 
 fn open_file_at(

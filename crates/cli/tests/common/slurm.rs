@@ -59,10 +59,31 @@ impl SlurmCluster {
 
     /// Submits `script` (written to `out/job.sh`) with `options`, its output to `out/batch.out`; the job id.
     pub fn submit(&self, out: &Path, script: &str, options: &[&str]) -> String {
+        self.sbatch(self.command("sbatch"), "root", out, script, options)
+    }
+
+    /// Submits `script` as user `user` (a real unprivileged user: `runuser`, as that user would from a login
+    /// node); `out` must be theirs to write.
+    pub fn submit_as(&self, user: &str, out: &Path, script: &str, options: &[&str]) -> String {
+        let mut sbatch = Command::new("runuser");
+        sbatch
+            .args(["-u", user, "--", "env"])
+            .arg(format!("SLURM_CONF={}", self.conf.display()))
+            .arg("sbatch");
+        self.sbatch(sbatch, user, out, script, options)
+    }
+
+    fn sbatch(
+        &self,
+        mut sbatch: Command,
+        user: &str,
+        out: &Path,
+        script: &str,
+        options: &[&str],
+    ) -> String {
         let path = out.join("job.sh");
         std::fs::write(&path, script).expect("job script");
-        let submitted = self
-            .command("sbatch")
+        let submitted = sbatch
             .arg("--parsable")
             .args(options)
             .arg("-o")
@@ -70,31 +91,6 @@ impl SlurmCluster {
             .arg(&path)
             .output()
             .expect("sbatch runs");
-        assert!(
-            submitted.status.success(),
-            "sbatch: {}",
-            String::from_utf8_lossy(&submitted.stderr)
-        );
-        String::from_utf8_lossy(&submitted.stdout)
-            .trim()
-            .to_string()
-    }
-
-    /// Submits `script` as user `user` (a real unprivileged user: `runuser`, as that user would from a login
-    /// node); `out` must be theirs to write.
-    pub fn submit_as(&self, user: &str, out: &Path, script: &str, options: &[&str]) -> String {
-        let path = out.join("job.sh");
-        std::fs::write(&path, script).expect("job script");
-        let submitted = Command::new("runuser")
-            .args(["-u", user, "--", "env"])
-            .arg(format!("SLURM_CONF={}", self.conf.display()))
-            .args(["sbatch", "--parsable"])
-            .args(options)
-            .arg("-o")
-            .arg(out.join("batch.out"))
-            .arg(&path)
-            .output()
-            .expect("runuser sbatch runs");
         assert!(
             submitted.status.success(),
             "sbatch as {user}: {}",
