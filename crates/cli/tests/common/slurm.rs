@@ -16,6 +16,7 @@ impl SlurmCluster {
     /// A cluster whose nodes have `gpus` GPUs each (GRES backed by plain files: jobs can ask for `--gpus*`).
     pub fn start_with_gpus(nodes: u32, gpus: u32) -> Result<SlurmCluster, String> {
         require_root()?;
+        stop_abandoned_clusters();
         let dir = std::env::temp_dir().join(format!("hangwatch-slurm-test-{}", std::process::id()));
         let cluster = SlurmCluster {
             conf: dir.join("etc/slurm.conf"),
@@ -168,4 +169,29 @@ pub fn user_with_uid(uid: u32) -> String {
         String::from_utf8_lossy(&made.stderr)
     );
     name
+}
+
+/// Stops the clusters of test processes that are gone: a test killed at its timeout never runs its `Drop`, and
+/// its daemons would hold the ports every later cluster uses.
+fn stop_abandoned_clusters() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("hangwatch-slurm-test-")
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let _ = Command::new("bash")
+            .arg(scripts().join("stop-slurm.sh"))
+            .env("SLURM_DIR", entry.path())
+            .output();
+        let _ = std::fs::remove_dir_all(entry.path());
+    }
 }
