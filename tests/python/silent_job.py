@@ -8,7 +8,9 @@ Each rank trains: a line per step and an all_reduce per step. Then, by --mode:
             then all train on and exit 0;
   spin      every rank spins forever at the same place (a loop that never ends), printing nothing;
   stop      every rank evaluates for --silence seconds, then rank 0 sleeps forever (a deadlock of its own) while its
-            peers wait for it in all_reduce: the work stopped, and so must the job.
+            peers wait for it in all_reduce: the work stopped, and so must the job;
+  download  rank 0 fetches --url whole into a local file (a dataset shard from a slow mirror: urllib, no timeout, as
+            most clients default to) while its peers wait in all_reduce, then all train on and exit 0.
 """
 
 import argparse
@@ -55,6 +57,22 @@ def prepare_index(seconds):
     return table
 
 
+def fetch_shard(url):
+    """Rank 0 downloads what its peers need into a local file, as a hub or bucket client fills its cache: almost
+    no CPU, bytes trickling in."""
+    import tempfile
+    import urllib.request
+
+    got = 0
+    with urllib.request.urlopen(url) as response, tempfile.TemporaryFile() as shard:
+        while True:
+            chunk = response.read(4096)
+            if not chunk:
+                return got
+            shard.write(chunk)
+            got += len(chunk)
+
+
 def spin_forever():
     x = 0
     while True:
@@ -63,7 +81,8 @@ def spin_forever():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["eval", "prepare", "spin", "stop"], required=True)
+    parser.add_argument("--mode", choices=["eval", "prepare", "spin", "stop", "download"], required=True)
+    parser.add_argument("--url", help="what rank 0 downloads in --mode download")
     parser.add_argument("--silence", type=float, default=150.0)
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
@@ -80,6 +99,10 @@ def main():
     elif args.mode == "prepare":
         if rank == 0:
             prepare_index(args.silence)
+        dist.all_reduce(torch.zeros(1))
+    elif args.mode == "download":
+        if rank == 0:
+            print(f"rank 0 fetched {fetch_shard(args.url)} bytes", flush=True)
         dist.all_reduce(torch.zeros(1))
     elif args.mode == "stop":
         evaluate(model, args.silence)

@@ -2,15 +2,19 @@
 //! under `hangwatch run --nproc 4` at the defaults: every rank evaluating in silence for 150 s, rank 0 alone
 //! preparing data for 150 s while its peers wait in all_reduce. Both must run to exit 0, with the "not ending it"
 //! notice and its warning alert once. Work that stops ends the hold; a loop that never ends is still ended, at
-//! `--max-stall`; a busy rank under a fixed `--stall-after` is ended at it, as before.
+//! `--max-stall`; a busy rank under a fixed `--stall-after` is ended at it, as before. Rank 0 downloading from a
+//! slow mirror (32 KB/s, almost no CPU) while its peers wait is work too; the same download from a server that
+//! stops is not.
 
 mod common;
 
+use std::io::BufRead;
 use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use hangwatch_testkit::{require, torch_python, AlertReceiver};
+use hangwatch_testkit::{require, torch_python, AlertReceiver, ChildGuard};
 use serde_json::Value;
 
 fn silent_job(python: &Path, mode: &str, silence: &str) -> Vec<String> {
@@ -204,6 +208,89 @@ fn a_busy_rank_under_a_fixed_stall_after_is_ended_at_it() {
     assert!(
         done.took < Duration::from_secs(60),
         "ended at the fixed threshold: {}",
+        done.describe()
+    );
+}
+
+/// A slow mirror: tests/python/slow_server.py sending `bytes` at about `rate` bytes per second to every GET;
+/// killed when the guard drops.
+fn slow_server(python: &Path, bytes: u64, rate: u64) -> (ChildGuard, u16) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/slow_server.py");
+    let mut child = Command::new(python)
+        .arg(script)
+        .args(["--bytes", &bytes.to_string(), "--rate", &rate.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the slow server starts");
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+    }
+    let guard = ChildGuard::new(child, "slow server");
+    let port = line
+        .trim()
+        .strip_prefix("port ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("the slow server says its port: {line:?}"));
+    (guard, port)
+}
+
+fn download_job(python: &Path, port: u16) -> Vec<String> {
+    let mut job = silent_job(python, "download", "0");
+    job.extend(["--url".into(), format!("http://127.0.0.1:{port}/shard")]);
+    job
+}
+
+#[test]
+fn rank_0_downloading_from_a_slow_mirror_while_its_peers_wait_is_not_ended() {
+    let torch = require!(torch_python());
+    // 6 MB at 32 KB/s: about 3 minutes, past the 2-minute floor of the defaults.
+    let (_server, port) = slow_server(torch, 6_000_000, 32_768);
+    let mut run = HangwatchRun::start(&["--nproc", "4", "--quiet"], &download_job(torch, port));
+    let done = run.finish(Duration::from_secs(330));
+    done.assert_code(0);
+    let notice = done
+        .stderr
+        .lines()
+        .find(|l| l.contains(NOT_ENDING))
+        .unwrap_or_else(|| panic!("held back, said: {}", done.describe()));
+    assert!(
+        notice.contains("rank 0 moves data") && notice.contains("fetch_shard (silent_job.py)"),
+        "the notice names the download: {notice}"
+    );
+    let output = std::fs::read_to_string(done.report_dir.join("output.log")).unwrap_or_default();
+    assert!(
+        output.contains("rank 0 fetched 6000000 bytes"),
+        "the whole shard arrived: {}",
+        done.describe()
+    );
+}
+
+#[test]
+fn a_download_whose_server_stops_is_ended_with_rank_0_named() {
+    let torch = require!(torch_python());
+    let (server, port) = slow_server(torch, 100_000_000, 32_768);
+    let mut run = HangwatchRun::start(
+        &["--nproc", "4", "--quiet", "--min-stall", "6s"],
+        &download_job(torch, port),
+    );
+    assert!(
+        run.wait_for_stderr(Duration::from_secs(90), |s| s.contains(NOT_ENDING)),
+        "held back while the bytes moved: {}",
+        run.stderr_text()
+    );
+    // The mirror stops answering: rank 0's bytes stop, and nothing else moves.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.pid() as i32),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .expect("stop the server");
+    let done = run.finish(Duration::from_secs(120));
+    done.assert_code(75);
+    done.culprit(0);
+    assert!(
+        done.json["activity"].is_null(),
+        "the kept verdict is the one after the bytes stopped: {}",
         done.describe()
     );
 }

@@ -7,7 +7,11 @@
 //! - a rank **computes** when its CPU time advanced over most of the roll call's sample window or its main thread
 //!   was on a CPU (`Condition::Running`), and where it is (its meaningful Python frame) is not inside
 //!   `torch.distributed`: NCCL and other backends spin while they wait, and a spinning wait is a wait;
-//! - a DataLoader (or other) worker that computes counts for its rank: the rank waits for its data;
+//! - a rank **moves data** when it read or wrote at least [`MOVING_BYTES_PER_S`] (`rchar + wchar`: files, pipes,
+//!   sockets) over the sample window while it waits outside `torch.distributed`: rank 0 downloading a dataset
+//!   shard, a tokenizer or a model from a slow mirror barely uses a CPU, yet it works as much as one that computes;
+//! - a DataLoader (or other) worker, or a child (`aws s3 cp`, `git lfs`), that computes or moves data counts for
+//!   its rank: the rank waits for its data;
 //! - there is **activity** when at least one rank computes and nothing seen is conclusive: no rank blocked in the
 //!   kernel, stopped or dead, and no node missing (those verdicts name a culprit; work elsewhere does not excuse it).
 
@@ -31,6 +35,22 @@ pub struct Seen<'a> {
     pub where_: &'a str,
     /// The innermost frame of the job's own code, which names the work for people; `where_` when unknown.
     pub own_code: Option<&'a str>,
+    /// How fast it read or wrote over the sample window (bytes per second), when known.
+    pub bytes_per_s: Option<u64>,
+}
+
+/// The least a waiting rank must read or write per second to count as moving data. A rank that waits in a
+/// collective or a barrier moves nothing through its own system calls; a download from a slow mirror moves tens of
+/// KB/s. A trickle under this (a heartbeat, a log line now and then) is not work.
+pub const MOVING_BYTES_PER_S: u64 = 4 * 1024;
+
+/// The rate at which `seen` moves data, when it does (see the module documentation).
+fn moves_data(seen: &Seen) -> Option<u64> {
+    seen.bytes_per_s.filter(|rate| {
+        *rate >= MOVING_BYTES_PER_S
+            && seen.condition == Condition::Waiting
+            && !in_distributed(seen.where_)
+    })
 }
 
 /// Whether `where_` is a place inside torch.distributed (a collective, a barrier, a store wait).
@@ -57,9 +77,16 @@ pub fn activity(seen: &[Seen], nodes_missing: bool) -> Option<Activity> {
     }) {
         return None;
     }
-    // Rank pids that compute themselves or through a worker, with where the work is.
+    // Rank pids that compute or move data themselves or through a worker, with where the work is.
     let mut working: BTreeMap<i32, (Option<u32>, &str)> = BTreeMap::new();
-    for s in seen.iter().filter(|s| computes(s)) {
+    let (mut computing, mut moved) = (false, 0u64);
+    for s in seen.iter() {
+        let rate = moves_data(s);
+        if !computes(s) && rate.is_none() {
+            continue;
+        }
+        computing |= computes(s);
+        moved = moved.saturating_add(rate.unwrap_or(0));
         let place = s.own_code.unwrap_or(s.where_);
         let entry = working.entry(s.rank_pid).or_insert((s.rank, place));
         if !s.worker {
@@ -91,17 +118,28 @@ pub fn activity(seen: &[Seen], nodes_missing: bool) -> Option<Activity> {
     numbers.sort_unstable();
     let n = working.len();
     let of_ranks = ranks.len();
+    // Computation is said as before; ranks that only move data say so, and how fast.
+    let (one, many) = if computing {
+        ("computes", "compute")
+    } else {
+        ("moves data", "move data")
+    };
     let who = if n == of_ranks && n > 1 {
-        format!("all {n} ranks compute")
+        format!("all {n} ranks {many}")
     } else if n == 1 {
         match numbers.first() {
-            Some(r) => format!("rank {r} computes"),
-            None => "1 rank computes".to_string(),
+            Some(r) => format!("rank {r} {one}"),
+            None => format!("1 rank {one}"),
         }
     } else {
-        format!("{n} of {of_ranks} ranks compute")
+        format!("{n} of {of_ranks} ranks {many}")
     };
-    let mut summary = format!("{who} in {where_}");
+    let rate = if computing {
+        String::new()
+    } else {
+        format!(" ({} read or written)", rate_words(moved))
+    };
+    let mut summary = format!("{who}{rate} in {where_}");
     if let (false, Some(place)) = (waiting.is_empty(), &waiting_where) {
         let noun = if waiting.len() == 1 {
             "rank waits"
@@ -119,6 +157,15 @@ pub fn activity(seen: &[Seen], nodes_missing: bool) -> Option<Activity> {
         waiting_where,
         summary,
     })
+}
+
+/// `31 KB/s`, `2.5 MB/s`: a rate for people (decimal units, as download tools print them).
+fn rate_words(bytes_per_s: u64) -> String {
+    match bytes_per_s {
+        r if r >= 1_000_000 => format!("{:.1} MB/s", r as f64 / 1e6),
+        r if r >= 1_000 => format!("{} KB/s", r / 1_000),
+        r => format!("{r} B/s"),
+    }
 }
 
 /// How long activity may hold the hard tier back, and how often it is looked at again.
@@ -376,6 +423,7 @@ mod tests {
             condition,
             where_,
             own_code: None,
+            bytes_per_s: None,
         }
     }
 
@@ -417,6 +465,76 @@ mod tests {
             .collect();
         let a = activity(&seen, false).expect("activity");
         assert_eq!(a.summary, "all 2 ranks compute in evaluate (eval.py)");
+    }
+
+    #[test]
+    fn a_rank_that_downloads_while_its_peers_wait_moves_data() {
+        // The case of the issue: rank 0 fetches a shard at 32 KB/s, almost no CPU, while 3 ranks wait.
+        let mut seen = vec![Seen {
+            bytes_per_s: Some(32_768),
+            ..rank(0, Condition::Waiting, "fetch_shard (train.py)")
+        }];
+        seen.extend((1..4).map(|r| rank(r, Condition::Waiting, ALL_REDUCE)));
+        let a = activity(&seen, false).expect("activity");
+        assert_eq!(a.ranks, vec![0]);
+        assert_eq!(
+            a.summary,
+            "rank 0 moves data (32 KB/s read or written) in fetch_shard (train.py) while 3 ranks wait in all_reduce (torch/distributed/distributed_c10d.py)"
+        );
+    }
+
+    #[test]
+    fn bytes_that_stop_or_trickle_or_move_inside_torch_distributed_are_no_work() {
+        for (rate, where_) in [
+            (Some(0), "fetch_shard (train.py)"),
+            (None, "fetch_shard (train.py)"),
+            (Some(MOVING_BYTES_PER_S - 1), "fetch_shard (train.py)"),
+            (Some(10_000_000), ALL_REDUCE),
+        ] {
+            let mut seen = vec![Seen {
+                bytes_per_s: rate,
+                ..rank(0, Condition::Waiting, where_)
+            }];
+            seen.extend((1..4).map(|r| rank(r, Condition::Waiting, ALL_REDUCE)));
+            assert_eq!(activity(&seen, false), None, "{rate:?} in {where_}");
+        }
+        // A rank in D moves nothing that excuses it, whatever its counters say.
+        let seen = vec![
+            Seen {
+                bytes_per_s: Some(1_000_000),
+                ..rank(0, Condition::BlockedInKernel, "write")
+            },
+            rank(1, Condition::Waiting, ALL_REDUCE),
+        ];
+        assert_eq!(activity(&seen, false), None);
+    }
+
+    #[test]
+    fn a_child_that_copies_counts_for_its_rank_and_computation_is_said_first() {
+        let mut seen = vec![rank(0, Condition::Waiting, "wait (subprocess.py)")];
+        seen.push(Seen {
+            rank: Some(0),
+            rank_pid: 100,
+            worker: true,
+            bytes_per_s: Some(65_536),
+            ..rank(0, Condition::Waiting, "copy (cp)")
+        });
+        seen.extend((1..4).map(|r| rank(r, Condition::Waiting, ALL_REDUCE)));
+        let a = activity(&seen, false).expect("activity");
+        assert_eq!(a.pids, vec![100]);
+        assert!(
+            a.summary.starts_with("rank 0 moves data (65 KB/s"),
+            "{}",
+            a.summary
+        );
+        let mut both = seen.clone();
+        both[2] = rank(1, Condition::Running, EVAL);
+        let a = activity(&both, false).expect("activity");
+        assert!(
+            a.summary.starts_with("2 of 4 ranks compute in"),
+            "{}",
+            a.summary
+        );
     }
 
     #[test]
@@ -462,6 +580,7 @@ mod tests {
             condition: Condition::Running,
             where_: "__getitem__ (data.py)",
             own_code: None,
+            bytes_per_s: None,
         });
         let a = activity(&seen, false).expect("activity");
         assert_eq!(a.ranks, vec![1]);

@@ -658,6 +658,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
                 condition: e.position.condition,
                 where_: &e.position.where_,
                 own_code: e.position.own_code.as_deref(),
+                bytes_per_s: e.process.bytes_per_s_during_sample,
             })
             .collect::<Vec<_>>(),
         !nodes_not_seen.is_empty()

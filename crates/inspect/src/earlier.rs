@@ -83,6 +83,7 @@ mod tests {
             processor: None,
         };
         ProcessSample {
+            io_bytes: None,
             pid,
             stat,
             status: None,

@@ -48,6 +48,10 @@ pub struct ProcessObservation {
     /// what `ps` shows inside the container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_pid: Option<i32>,
+    /// How fast it read or wrote (files, pipes, sockets: `rchar + wchar`) between the roll call's two samples,
+    /// in bytes per second: a rank that downloads works though it barely uses a CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_s_during_sample: Option<u64>,
     /// It lives in a mount namespace other than hangwatch's (a container): its paths and mounts are its own.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub other_mount_namespace: bool,

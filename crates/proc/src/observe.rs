@@ -39,6 +39,10 @@ pub struct ProcessSample {
     pub threads: Vec<ThreadSample>,
     /// Reads that failed without making the sample useless, in words.
     pub issues: Vec<String>,
+    /// Bytes the process has read and written through system calls so far (`rchar + wchar` of
+    /// `/proc/PID/io`: files, pipes and sockets alike); `None` where the file could not be read.
+    #[serde(default)]
+    pub io_bytes: Option<u64>,
 }
 
 impl ProcessSample {
@@ -152,8 +156,19 @@ pub fn observe_process(
         sigstop_pending: second.pending().sigstop(),
         read_issues: first.issues.iter().chain(&second.issues).cloned().collect(),
         ns_pid: second.status.as_ref().and_then(Status::inner_pid),
+        bytes_per_s_during_sample: bytes_per_s(first, second, elapsed),
         ..ProcessObservation::default()
     }
+}
+
+/// How fast the process read or wrote between the two samples, in bytes per second; `None` where either
+/// sample lacks its counters or no time passed.
+fn bytes_per_s(first: &ProcessSample, second: &ProcessSample, elapsed: Duration) -> Option<u64> {
+    let moved = second.io_bytes?.checked_sub(first.io_bytes?)?;
+    let ms = u64::try_from(elapsed.as_millis())
+        .ok()
+        .filter(|ms| *ms > 0)?;
+    Some(moved.saturating_mul(1000) / ms)
 }
 
 /// Names the call and resolves its file argument.
@@ -270,6 +285,7 @@ mod tests {
 
     fn process(threads: Vec<ThreadSample>) -> ProcessSample {
         ProcessSample {
+            io_bytes: None,
             pid: 100,
             stat: threads[0].stat.clone(),
             status: threads[0].status.clone(),

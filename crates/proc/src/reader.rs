@@ -349,12 +349,17 @@ impl ProcFs {
                 Err(e) => return Err(e),
             }
         }
+        let io_bytes = self
+            .io(pid)
+            .ok()
+            .and_then(|io| Some(io.rchar?.wrapping_add(io.wchar?)));
         Ok(ProcessSample {
             pid,
             stat,
             status,
             threads,
             issues: issues.list,
+            io_bytes,
         })
     }
 

@@ -171,6 +171,29 @@ fn busy_python_is_running() {
 }
 
 #[test]
+fn a_process_that_moves_bytes_says_how_fast_and_a_sleeping_one_moves_none() {
+    // About 200 KB/s through write(2), with almost no CPU: a download's shape.
+    let mover = Guard::python(
+        "import os, time\nf = os.open('/dev/null', os.O_WRONLY)\nwhile True:\n    os.write(f, b'x' * 20000)\n    time.sleep(0.1)",
+    );
+    let sleeper = Guard::python("import time\ntime.sleep(60)");
+    let procfs = ProcFs::default();
+    std::thread::sleep(Duration::from_millis(300));
+    let rate = |pid| {
+        procfs
+            .observe_process(pid, Duration::from_millis(500), clk_tck())
+            .unwrap()
+            .bytes_per_s_during_sample
+    };
+    let moving = rate(mover.pid()).expect("a rate");
+    assert!(
+        (100_000..400_000).contains(&moving),
+        "about 200 KB/s: {moving} B/s"
+    );
+    assert_eq!(rate(sleeper.pid()), Some(0));
+}
+
+#[test]
 fn writer_blocked_on_a_full_pipe_names_the_pipe() {
     let child =
         Guard::python("import os\nr, w = os.pipe()\nos.write(w, b'x' * 65536)\nos.write(w, b'y')");
