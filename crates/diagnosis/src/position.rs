@@ -248,10 +248,12 @@ pub fn python_stack(process: &ProcessObservation, tid: Option<i32>) -> Option<Ve
 /// burns CPU, else the main thread.
 fn telling_thread(process: &ProcessObservation, busy: bool) -> Option<&ThreadObservation> {
     let threads = &process.threads;
-    threads
-        .iter()
+    // hangwatch's own thread in a rank (the bootstrap's `hangwatch-rank`) caught in a page fault for an instant
+    // must not make the rank a culprit on its own: the rank's state is its own threads'.
+    let jobs = || threads.iter().filter(|t| !hangwatch_own(process, t));
+    jobs()
         .find(|t| t.state == 'D')
-        .or_else(|| threads.iter().find(|t| waits_on_filesystem(t)))
+        .or_else(|| jobs().find(|t| waits_on_filesystem(t)))
         .or_else(|| threads.iter().find(|t| is_stopped(t.state)))
         .or_else(|| {
             // The thread that used the most CPU; none used any (busy by a running main thread): the main thread.
@@ -265,6 +267,18 @@ fn telling_thread(process: &ProcessObservation, busy: bool) -> Option<&ThreadObs
         })
         .or_else(|| threads.iter().find(|t| t.tid == process.pid))
         .or_else(|| threads.first())
+}
+
+/// Whether `thread` is one hangwatch put in the rank (the bootstrap's and the client's threads are named
+/// `hangwatch-…`), by its Python thread's name or its own.
+fn hangwatch_own(process: &ProcessObservation, thread: &ThreadObservation) -> bool {
+    let named = |name: &str| name.starts_with("hangwatch");
+    let python = process
+        .python
+        .as_deref()
+        .and_then(|threads| threads.iter().find(|p| p.os_tid == Some(thread.tid)))
+        .and_then(|p| p.name.as_deref());
+    python.is_some_and(named) || thread.name.as_deref().is_some_and(named)
 }
 
 /// Whether the process used CPU for most of the sample window (in any thread) or its main thread is on a CPU.
@@ -426,6 +440,32 @@ mod tests {
         // No earlier sample of this thread: the instant is all there is.
         assert!(is_busy(&main_thread('R', None), 1200));
         assert!(!is_busy(&main_thread('S', Some(100)), 1200));
+    }
+
+    #[test]
+    fn hangwatchs_own_thread_caught_in_d_does_not_make_the_rank_blocked() {
+        // The case of the issue: the bootstrap's thread in a page fault for an instant, the main thread waiting.
+        let mut rank = main_thread('S', Some(0));
+        rank.threads.push(ThreadObservation {
+            tid: 43,
+            state: 'D',
+            wchan: Some("folio_wait_bit_common".into()),
+            syscall: Some(SyscallObservation::NotInSyscall { pc: None }),
+            cpu_ms_during_sample: Some(0),
+            ..Default::default()
+        });
+        rank.python = Some(vec![PythonThread {
+            os_tid: Some(43),
+            thread_id: 2,
+            name: Some("hangwatch-rank".into()),
+            frames: vec![frame("_watch", "hangwatch/_rank.py", 80)],
+        }]);
+        let position = classify(&rank, 1000);
+        assert_eq!(position.condition, Condition::Waiting);
+        assert_eq!(position.tid, Some(42));
+        // The same thread of the job's own is the rank's state.
+        rank.python.as_mut().expect("python")[0].name = Some("loader".into());
+        assert_eq!(classify(&rank, 1000).condition, Condition::BlockedInKernel);
     }
 
     #[test]
