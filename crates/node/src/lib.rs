@@ -457,7 +457,7 @@ fn step_dir_name(step: &StepOnNode) -> String {
 
 /// Files of a step's evidence that stay root's when the rest is handed over: the whole kernel log, kept only
 /// where the site asks (`[node] keep_kernel_log`); the job's owner gets the lines that concern the job.
-const ROOT_ONLY: &[&str] = &["kernel-log.root.txt"];
+const ROOT_ONLY: &[&str] = &[hangwatch_agent::kernel_log::ROOT_KERNEL_LOG];
 
 /// Hands a step's evidence to its owner: given by descriptor in root's staging directory, then moved into the
 /// owner's `/var/tmp/hangwatch-<uid>` (or the site's `--report-root`), never by a path the owner controls. Where
@@ -470,11 +470,13 @@ fn hand_over(
 ) -> Result<PathBuf, String> {
     let to = match report_root {
         Some(root) => hangwatch_safefs::UsersDir::open_site_root(root),
-        None => hangwatch_safefs::UsersDir::open_or_create(
-            Path::new("/var/tmp"),
-            &format!("hangwatch-{uid}"),
-            uid,
-        ),
+        None => {
+            let users = hangwatch_run::dirs::default_root(uid);
+            let (Some(parent), Some(name)) = (users.parent(), users.file_name()) else {
+                return Err(format!("{} has no parent directory", users.display()));
+            };
+            hangwatch_safefs::UsersDir::open_or_create(parent, &name.to_string_lossy(), uid)
+        }
     }
     .map_err(|e| e.to_string())?;
     staging
