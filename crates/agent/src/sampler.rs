@@ -775,7 +775,8 @@ impl Sampler {
                 None => {}
             }
         }
-        let io = self.procfs.io(pid).ok().map(|c| {
+        // The sample read /proc/PID/io already.
+        let io = sample.and_then(|s| s.io).map(|c| {
             [
                 c.rchar,
                 c.wchar,

@@ -83,7 +83,7 @@ mod tests {
             processor: None,
         };
         ProcessSample {
-            io_bytes: None,
+            io: None,
             pid,
             stat,
             status: None,

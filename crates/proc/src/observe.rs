@@ -39,10 +39,9 @@ pub struct ProcessSample {
     pub threads: Vec<ThreadSample>,
     /// Reads that failed without making the sample useless, in words.
     pub issues: Vec<String>,
-    /// Bytes the process has read and written through system calls so far (`rchar + wchar` of
-    /// `/proc/PID/io`: files, pipes and sockets alike); `None` where the file could not be read.
+    /// `/proc/PID/io`: what the process has read and written so far; `None` where the file could not be read.
     #[serde(default)]
-    pub io_bytes: Option<u64>,
+    pub io: Option<crate::IoCounters>,
 }
 
 impl ProcessSample {
@@ -164,7 +163,9 @@ pub fn observe_process(
 /// How fast the process read or wrote between the two samples, in bytes per second; `None` where either
 /// sample lacks its counters or no time passed.
 fn bytes_per_s(first: &ProcessSample, second: &ProcessSample, elapsed: Duration) -> Option<u64> {
-    let moved = second.io_bytes?.checked_sub(first.io_bytes?)?;
+    // rchar + wchar: bytes through read and write calls (files, pipes, a socket read with read()).
+    let bytes = |s: &ProcessSample| s.io.and_then(|io| Some(io.rchar?.wrapping_add(io.wchar?)));
+    let moved = bytes(second)?.checked_sub(bytes(first)?)?;
     let ms = u64::try_from(elapsed.as_millis())
         .ok()
         .filter(|ms| *ms > 0)?;
@@ -285,7 +286,7 @@ mod tests {
 
     fn process(threads: Vec<ThreadSample>) -> ProcessSample {
         ProcessSample {
-            io_bytes: None,
+            io: None,
             pid: 100,
             stat: threads[0].stat.clone(),
             status: threads[0].status.clone(),

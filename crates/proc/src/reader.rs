@@ -349,17 +349,14 @@ impl ProcFs {
                 Err(e) => return Err(e),
             }
         }
-        let io_bytes = self
-            .io(pid)
-            .ok()
-            .and_then(|io| Some(io.rchar?.wrapping_add(io.wchar?)));
+        let io = self.io(pid).ok();
         Ok(ProcessSample {
             pid,
             stat,
             status,
             threads,
             issues: issues.list,
-            io_bytes,
+            io,
         })
     }
 
