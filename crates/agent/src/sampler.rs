@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 
 use hangwatch_diagnosis::ranks::RankClaim;
 use hangwatch_diagnosis::{
-    thread_blocked, Blocked, Detector, FsStallTracker, ProgressSource, RankSample, Stuck,
+    thread_blocked, Blocked, CpuWork, Detector, FsStallTracker, ProgressSource, RankSample, Stuck,
+    ThreadCpu, Work,
 };
 use hangwatch_inspect::earlier::EarlierSamples;
 use hangwatch_inspect::prepared::PreparedStacks;
 use hangwatch_inspect::probe::Prober;
 use hangwatch_inspect::ranks::{ClientReports, Discovery, RankFinder};
-use hangwatch_inspect::rollcall::worker_pids;
+use hangwatch_inspect::rollcall::{worker_pids, worker_stats};
 use hangwatch_model::{unix_now, ProcId, RankSource};
 use hangwatch_proc::ProcFs;
 
@@ -170,7 +171,8 @@ pub(crate) struct Sampler {
     /// Counters read while the job stalled, for the roll call ([`Sampler::earlier`]).
     earlier: EarlierSamples,
     last_probe_reap: Option<Instant>,
-    activity: HashMap<i32, u64>,
+    /// The CPU time of the ranks and their workers at the last look (progress for jobs with no other sign).
+    work: CpuWork,
     ranks: Arc<Mutex<RankFinder>>,
     /// What the processes' clients said of their rank (tree mode), by pid and start time.
     client_ranks: ClientReports,
@@ -216,7 +218,7 @@ impl Sampler {
             fs_stall: FsStallTracker::new(),
             earlier: EarlierSamples::new(),
             last_probe_reap: None,
-            activity: HashMap::new(),
+            work: CpuWork::new(),
             ranks: Arc::new(Mutex::new(RankFinder::on_node(parts.node_rank))),
             client_ranks: ClientReports::new(),
             discovering: false,
@@ -671,7 +673,10 @@ impl Sampler {
         self.track_groups();
     }
 
-    /// CPU time as progress, only for jobs that never printed nor sent a heartbeat.
+    /// CPU time as progress, only for jobs that never printed nor sent a heartbeat: a rank makes progress when its
+    /// own threads, or its workers (a DataLoader's, a child it runs), use at least the floor of
+    /// [`hangwatch_diagnosis::work`]; a rank that waits in a collective while its library's background threads
+    /// keep a connection does not.
     fn sample_activity(&mut self, detector: &mut Detector, now: Duration) {
         if detector
             .source()
@@ -686,14 +691,46 @@ impl Sampler {
             return;
         }
         self.last_activity_sample = Some(Instant::now());
-        for (pid, rank) in self.rank_pids() {
-            if let Ok(stat) = self.procfs.stat(pid) {
-                let ticks = stat.cpu_ticks();
-                let before = self.activity.insert(pid, ticks);
-                if before.is_some_and(|b| ticks > b) {
-                    detector.progress(rank, ProgressSource::Activity, now);
-                }
+        let ranks = self.rank_pids();
+        let rank_pids: Vec<i32> = ranks.iter().map(|(pid, _)| *pid).collect();
+        let rank_of: HashMap<i32, Option<u32>> = ranks.iter().copied().collect();
+        // Ranks first, then their workers, each with its rank's pid.
+        let mut looked: Vec<(i32, i32, u64)> = rank_pids
+            .iter()
+            .filter_map(|&pid| Some((pid, pid, self.procfs.stat(pid).ok()?.cpu_ticks())))
+            .collect();
+        looked.extend(
+            worker_stats(&self.procfs, &rank_pids)
+                .into_iter()
+                .map(|(rank_pid, stat)| (stat.pid, rank_pid, stat.cpu_ticks())),
+        );
+        let mut working: std::collections::BTreeSet<i32> = Default::default();
+        for &(pid, rank_pid, ticks) in &looked {
+            let procfs = &self.procfs;
+            let stats = std::cell::OnceCell::new();
+            let threads = || {
+                let stats = stats.get_or_init(|| procfs.thread_stats(pid).unwrap_or_default());
+                stats
+                    .iter()
+                    .map(|t: &hangwatch_proc::TaskStat| ThreadCpu {
+                        tid: t.pid,
+                        name: &t.comm,
+                        cpu_ms: ticks_ms(t.cpu_ticks()),
+                    })
+                    .collect()
+            };
+            if self.work.look(pid, ticks_ms(ticks), now, threads) == Work::Working {
+                working.insert(rank_pid);
             }
+        }
+        let kept = looked.iter().map(|&(pid, _, _)| pid).collect();
+        self.work.retain(&kept);
+        for rank_pid in working {
+            detector.progress(
+                rank_of.get(&rank_pid).copied().flatten(),
+                ProgressSource::Activity,
+                now,
+            );
         }
     }
 
@@ -799,6 +836,11 @@ impl Sampler {
 }
 
 /// Seconds since the epoch of a past `Instant`.
+/// Clock ticks of CPU time in milliseconds.
+fn ticks_ms(ticks: u64) -> u64 {
+    ticks.saturating_mul(1000) / hangwatch_proc::clk_tck().max(1)
+}
+
 pub(crate) fn unix_time_of(at: Instant) -> f64 {
     unix_now() - at.elapsed().as_secs_f64()
 }
@@ -818,7 +860,11 @@ mod tests {
     impl Drop for Children {
         fn drop(&mut self) {
             for &pid in &self.0 {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                // Their children first (a rank's computing child), found below them while they live.
+                let below = ProcFs::new("/proc").descendants(pid).unwrap_or_default();
+                for p in below.into_iter().chain([pid]) {
+                    let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+                }
             }
         }
     }
@@ -895,6 +941,39 @@ mod tests {
         assert!(snapshot.job_alive);
         assert!(!progressed(&detector, 1), "a sleeping rank shows no CPU");
         assert_eq!(detector.source(), Some(ProgressSource::Activity));
+    }
+
+    #[test]
+    fn a_rank_that_only_trickles_makes_no_progress_and_one_whose_child_computes_does() {
+        let mut children = Children(Vec::new());
+        // A waiting rank's housekeeping: a little CPU every moment (a shell starting `sleep` five times a second
+        // uses well under the floor), no thread of it computing.
+        let trickle = start("while :; do sleep 0.2; done", 0, &mut children);
+        // A rank that waits for its child, which computes (a DataLoader worker, `aws s3 cp`).
+        let parent = start("sh -c 'while :; do :; done' & wait", 1, &mut children);
+        let mut sampler = sampler(vec![trickle, parent]);
+        let mut detector = Detector::new(DetectorConfig::default(), Duration::ZERO);
+        let begun = Instant::now();
+        tick_until(&mut sampler, &mut detector, Duration::ZERO, |_, d| {
+            progressed(d, 1)
+        });
+        let mut last_tick = Duration::ZERO;
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(1_050));
+            last_tick = begun.elapsed();
+            sampler.tick(&mut detector, last_tick, Duration::ZERO);
+        }
+        assert!(
+            !progressed(&detector, 0),
+            "a rank whose CPU time only trickles is waiting"
+        );
+        // The computing child was found below its rank and kept it progressing.
+        let last = detector
+            .rank_progress()
+            .filter(|(r, _)| *r == Some(1))
+            .map(|(_, at)| at)
+            .max();
+        assert_eq!(last, Some(last_tick));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
 //! - [`scope`]: what a fault belongs to (the filesystem, the node, the program), and why.
 //! - [`requeue`]: after a hung attempt under `--action requeue`: nodes to keep out, the restart budget.
+//! - [`work`]: whose CPU time is the job's work (a waiting rank's background threads are not).
 
 pub mod acting;
 pub mod activity;
@@ -27,6 +28,7 @@ pub mod ranks;
 pub mod requeue;
 pub mod rollcall;
 pub mod scope;
+pub mod work;
 
 pub use acting::{
     acts_on, is_conclusive, is_conclusive_for_job, is_confirmed_stuck, Ladder, OnHang, Rung,
@@ -48,3 +50,4 @@ pub use rollcall::{
     MountToProbe, RollCallInput,
 };
 pub use scope::{apply_scope, scope_of};
+pub use work::{CpuWork, ThreadCpu, Work};

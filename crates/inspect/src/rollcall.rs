@@ -20,6 +20,7 @@ use hangwatch_model::{
 };
 use hangwatch_proc::{
     mapped_files, observe_process, parse_maps, resolve_file_ref, MountTable, ProcFs, ReadError,
+    TaskStat,
 };
 
 use crate::earlier::EarlierSamples;
@@ -86,6 +87,14 @@ struct Worker {
 /// The workers of `ranks`: every process below one, owned by the nearest rank above it (a listed pid below
 /// another listed pid is a rank of its own, not a worker).
 fn workers_of(procfs: &ProcFs, ranks: &[i32]) -> Vec<Worker> {
+    workers_with_stats(procfs, ranks)
+        .into_iter()
+        .map(|(w, _)| w)
+        .collect()
+}
+
+/// The workers of `ranks` (as [`workers_of`]), each with the `stat` it was found by.
+fn workers_with_stats(procfs: &ProcFs, ranks: &[i32]) -> Vec<(Worker, TaskStat)> {
     let listed: std::collections::HashSet<i32> = ranks.iter().copied().collect();
     let mut owner: HashMap<i32, i32> = HashMap::new();
     let mut per_rank: HashMap<i32, usize> = HashMap::new();
@@ -104,14 +113,17 @@ fn workers_of(procfs: &ProcFs, ranks: &[i32]) -> Vec<Worker> {
             continue;
         }
         *count += 1;
-        workers.push(Worker {
-            id: ProcId {
-                pid: stat.pid,
-                start_time: stat.starttime,
+        workers.push((
+            Worker {
+                id: ProcId {
+                    pid: stat.pid,
+                    start_time: stat.starttime,
+                },
+                rank_pid,
+                parent_pid: stat.ppid,
             },
-            rank_pid,
-            parent_pid: stat.ppid,
-        });
+            stat,
+        ));
     }
     workers
 }
@@ -120,6 +132,15 @@ fn workers_of(procfs: &ProcFs, ranks: &[i32]) -> Vec<Worker> {
 /// too).
 pub fn worker_pids(procfs: &ProcFs, ranks: &[i32]) -> Vec<i32> {
     workers_of(procfs, ranks).iter().map(|w| w.id.pid).collect()
+}
+
+/// The workers of `ranks`, each with its rank's pid and its `stat` (CPU time): what the tick sampler counts as
+/// its rank's work.
+pub fn worker_stats(procfs: &ProcFs, ranks: &[i32]) -> Vec<(i32, TaskStat)> {
+    workers_with_stats(procfs, ranks)
+        .into_iter()
+        .map(|(w, stat)| (w.rank_pid, stat))
+        .collect()
 }
 
 /// Processes above this many are sampled by several threads: /proc reads cost ~15 us a file, and a node's ranks

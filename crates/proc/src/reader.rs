@@ -67,6 +67,15 @@ impl ProcFs {
         self.parse(pid, None, self.pid_dir(pid).join("stat"), parse_stat)
     }
 
+    /// Every thread's `stat` (CPU time and name each); threads that exit meanwhile are left out.
+    pub fn thread_stats(&self, pid: i32) -> Result<Vec<TaskStat>, ReadError> {
+        Ok(self
+            .list_threads(pid)?
+            .into_iter()
+            .filter_map(|tid| self.task_stat(pid, tid).ok())
+            .collect())
+    }
+
     /// `/proc/PID/status`: process-wide pending signals and tracer.
     pub fn status(&self, pid: i32) -> Result<Status, ReadError> {
         self.parse(pid, None, self.pid_dir(pid).join("status"), parse_status)
