@@ -5,6 +5,7 @@ use hangwatch_model::coarse_duration_text;
 use serde::{Deserialize, Serialize};
 
 use crate::facts::{Access, HostFacts, PathRole, SysctlValue};
+use crate::slurm_conf::{names_ours, PrologScript, UnreadFile, INSTALLED_TASK_PROLOG};
 
 /// A collective or watchdog timeout above this (30 min) is "huge": GPUs idle that long before anything ends.
 pub const HUGE_TIMEOUT_S: u64 = 30 * 60;
@@ -76,6 +77,8 @@ pub enum Check {
     Binary,
     /// Is the current directory on a node-local filesystem?
     CurrentDir,
+    /// On a node with the node service: does Slurm run hangwatch's TaskProlog before each task?
+    TaskProlog,
 }
 
 /// One line of the checklist.
@@ -156,6 +159,7 @@ pub fn diagnose(facts: &HostFacts) -> Vec<Finding> {
     ] {
         out.extend(path_check(facts, role));
     }
+    out.extend(task_prolog(facts));
     out
 }
 
@@ -733,6 +737,149 @@ fn path_check(facts: &HostFacts, role: PathRole) -> Option<Finding> {
     })
 }
 
+const TASK_PROLOG_WHY: &str = "Slurm's TaskProlog runs before each task and what it prints as `export` lines goes \
+     into the task's environment. hangwatch's gives each rank the step's heartbeat socket (HANGWATCH_SOCKET) and the \
+     bootstrap on PYTHONPATH, so that the service's watcher sees optimizer steps and checkpoints as they happen and \
+     learns its thresholds from them, turns PyTorch's Flight Recorder on so that a rank can say at a roll call which \
+     collective it did not join, and gives each step a private prefix for the recorder's dumps \
+     (TORCH_FR_DUMP_TEMP_FILE). Without it a watcher judges a step by its ranks' CPU time and kernel state alone: \
+     15 minutes of warm-up, then thresholds learned from CPU activity; a hang in a collective where no rank stands \
+     out in /proc goes without the rank that never joined, unless the job itself wrote a Flight Recorder dump";
+
+/// On a node with the node service: whether slurm.conf's TaskProlog is hangwatch's, or a site script that runs it.
+fn task_prolog(facts: &HostFacts) -> Option<Finding> {
+    const C: Check = Check::TaskProlog;
+    const S: Severity = Severity::Advice;
+    let node = facts
+        .node_service
+        .as_ref()
+        .filter(|n| !n.signs.is_empty())?;
+    let service = format!("the node service runs here ({})", node.signs.join("; "));
+    let line = format!("TaskProlog={INSTALLED_TASK_PROLOG}");
+    let Some(conf) = &node.slurm_conf else {
+        return Some(Finding::unknown(
+            C,
+            format!(
+                "{service}, but no slurm.conf could be read ({}): cannot tell whether Slurm runs hangwatch's TaskProlog",
+                unread_words(&node.slurm_conf_unread)
+            ),
+            TASK_PROLOG_WHY,
+            format!(
+                "make sure slurm.conf has the line `{line}` (or a TaskProlog of the site's that runs it); \
+                 SLURM_CONF=/path/to/slurm.conf hangwatch doctor checks it"
+            ),
+        ));
+    };
+    let Some(tp) = &node.task_prolog else {
+        if !node.includes_unread.is_empty() {
+            return Some(Finding::unknown(
+                C,
+                format!(
+                    "{service}; {conf} sets no TaskProlog, but files it includes were not read ({}): cannot tell \
+                     whether Slurm runs hangwatch's TaskProlog",
+                    unread_words(&node.includes_unread)
+                ),
+                TASK_PROLOG_WHY,
+                format!("make sure slurm.conf or a file it includes has the line `{line}`"),
+            ));
+        }
+        let commented = match node.commented.last() {
+            Some(c) => format!(
+                " (line {} has it commented out: #TaskProlog={})",
+                c.line, c.value
+            ),
+            None => String::new(),
+        };
+        return Some(Finding::fail(
+            C,
+            S,
+            format!(
+                "{service}, but {conf} has no TaskProlog line{commented}: the service's watchers see each rank's CPU \
+                 time and kernel state, not its training steps, beats or Flight Recorder"
+            ),
+            TASK_PROLOG_WHY,
+            format!(
+                "add this line to {conf} (on every node, and where slurmctld reads it), then run `scontrol \
+                 reconfigure`:  {line}"
+            ),
+        ));
+    };
+    let at = format!("{} line {}", tp.file, tp.line);
+    let value = &tp.value;
+    let ours = names_ours(value);
+    Some(match &node.script {
+        Some(PrologScript::Hangwatch) => Finding::pass(
+            C,
+            S,
+            format!(
+                "TaskProlog={value} ({at}) is hangwatch's: each rank gets its step's heartbeat socket and the bootstrap"
+            ),
+            TASK_PROLOG_WHY,
+        ),
+        Some(PrologScript::CallsHangwatch { line: call }) => Finding::pass(
+            C,
+            S,
+            format!(
+                "TaskProlog={value} ({at}) is the site's and runs hangwatch's (its line {call}): each rank gets its \
+                 step's heartbeat socket and the bootstrap"
+            ),
+            TASK_PROLOG_WHY,
+        ),
+        Some(PrologScript::Other) => Finding::fail(
+            C,
+            S,
+            format!(
+                "{service}, but TaskProlog={value} ({at}) is the site's own and does not run hangwatch's: the \
+                 service's watchers see each rank's CPU time and kernel state, not its training steps, beats or \
+                 Flight Recorder"
+            ),
+            TASK_PROLOG_WHY,
+            format!(
+                "add this line to {value} (what it prints is what Slurm reads):  {INSTALLED_TASK_PROLOG}"
+            ),
+        ),
+        Some(PrologScript::Missing) if ours => Finding::fail(
+            C,
+            S,
+            format!("TaskProlog={value} ({at}) names hangwatch's TaskProlog, which is not on this node"),
+            TASK_PROLOG_WHY,
+            format!(
+                "install hangwatch's package on this node (it puts the script at {INSTALLED_TASK_PROLOG}), or copy \
+                 contrib/hangwatch-taskprolog.sh to {value}"
+            ),
+        ),
+        Some(PrologScript::Missing) => Finding::fail(
+            C,
+            S,
+            format!("TaskProlog={value} ({at}) does not exist on this node"),
+            TASK_PROLOG_WHY,
+            format!("create {value} with the line {INSTALLED_TASK_PROLOG} in it, or set {line} in {conf}"),
+        ),
+        Some(PrologScript::Unreadable { why }) => Finding::unknown(
+            C,
+            format!(
+                "TaskProlog={value} ({at}) could not be read ({why}): cannot tell whether it runs hangwatch's"
+            ),
+            TASK_PROLOG_WHY,
+            format!("make sure {value} runs {INSTALLED_TASK_PROLOG}"),
+        ),
+        None => Finding::unknown(
+            C,
+            format!("TaskProlog={value} ({at}) was not read: cannot tell whether it runs hangwatch's"),
+            TASK_PROLOG_WHY,
+            format!("make sure {value} runs {INSTALLED_TASK_PROLOG}"),
+        ),
+    })
+}
+
+fn unread_words(files: &[UnreadFile]) -> String {
+    files
+        .iter()
+        .map(|f| format!("{}: {}", f.path, f.why))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -795,6 +942,7 @@ mod tests {
                 path(PathRole::CurrentDir, "/root", mount("/", "ext4")),
             ],
             issues: Vec::new(),
+            node_service: None,
         }
     }
 
@@ -1173,6 +1321,7 @@ mod tests {
             env: BTreeMap::new(),
             paths: Vec::new(),
             issues: Vec::new(),
+            node_service: None,
         };
         let findings = diagnose(&facts);
         assert!(startup_warnings(&findings).is_empty(), "{findings:#?}");
@@ -1192,5 +1341,176 @@ mod tests {
         assert_eq!(f["severity"], "silent");
         assert_eq!(f["ok"], false);
         assert!(json[0].get("fix").is_none(), "a passed check has no fix");
+    }
+
+    /// A node with the node service whose files are `files` (path, text; any other path is missing), slurm.conf
+    /// looked for at Slurm's default.
+    fn service_node(files: &[(&str, &str)]) -> HostFacts {
+        use crate::slurm_conf::{slurm_conf_candidates, FileText};
+        use crate::NodeServiceFacts;
+        let files: BTreeMap<std::path::PathBuf, String> = files
+            .iter()
+            .map(|(p, t)| (p.into(), t.to_string()))
+            .collect();
+        let mut read = |paths: &[std::path::PathBuf]| {
+            paths
+                .iter()
+                .map(|p| {
+                    let found = files
+                        .get(p)
+                        .map_or(FileText::Missing, |t| FileText::Text(t.clone()));
+                    (p.clone(), found)
+                })
+                .collect()
+        };
+        let mut facts = healthy();
+        facts.node_service = Some(NodeServiceFacts::gather(
+            vec!["hangwatch-node.service enabled".into()],
+            &slurm_conf_candidates(None, None),
+            &mut read,
+        ));
+        facts
+    }
+
+    const TEST_CLUSTER: &str = include_str!("../tests/fixtures/slurm/test-cluster.conf");
+    const SITE: &str = include_str!("../tests/fixtures/slurm/site.conf");
+    const SITE_PROLOGS: &str = include_str!("../tests/fixtures/slurm/site-prologs.conf");
+    const SITE_TASKPROLOG: &str = include_str!("../tests/fixtures/slurm/site-taskprolog.sh");
+    const OURS: &str = include_str!("../../../contrib/hangwatch-taskprolog.sh");
+    const THE_LINE: &str = "TaskProlog=/usr/share/hangwatch/hangwatch-taskprolog.sh";
+
+    #[test]
+    fn without_the_node_service_the_task_prolog_is_not_checked() {
+        assert!(diagnose(&healthy())
+            .iter()
+            .all(|f| f.check != Check::TaskProlog));
+        let mut facts = service_node(&[]);
+        if let Some(n) = facts.node_service.as_mut() {
+            n.signs.clear();
+        }
+        assert!(diagnose(&facts)
+            .iter()
+            .all(|f| f.check != Check::TaskProlog));
+    }
+
+    #[test]
+    fn a_service_node_without_a_task_prolog_is_told_the_line_to_add() {
+        let facts = service_node(&[("/etc/slurm/slurm.conf", TEST_CLUSTER)]);
+        let findings = diagnose(&facts);
+        let f = get(&findings, Check::TaskProlog);
+        assert!(!f.ok && f.severity == Severity::Advice, "{f:#?}");
+        assert!(
+            !f.is_problem(),
+            "advice: doctor still exits 0, run says nothing"
+        );
+        assert!(
+            f.what.contains("hangwatch-node.service enabled")
+                && f.what
+                    .contains("/etc/slurm/slurm.conf has no TaskProlog line"),
+            "{}",
+            f.what
+        );
+        let fix = f.fix.as_deref().unwrap();
+        assert!(
+            fix.contains(THE_LINE) && fix.contains("/etc/slurm/slurm.conf"),
+            "{fix}"
+        );
+        assert!(
+            f.why.contains("HANGWATCH_SOCKET")
+                && f.why.contains("PYTHONPATH")
+                && f.why.contains("TORCH_FR_DUMP_TEMP_FILE")
+                && f.why.contains("CPU"),
+            "{}",
+            f.why
+        );
+    }
+
+    #[test]
+    fn a_commented_out_task_prolog_is_said() {
+        let conf = format!("{TEST_CLUSTER}#{THE_LINE}\n");
+        let facts = service_node(&[("/etc/slurm/slurm.conf", &conf)]);
+        let f = get(&diagnose(&facts), Check::TaskProlog).clone();
+        assert!(!f.ok, "{f:#?}");
+        let line = TEST_CLUSTER.lines().count() + 1;
+        assert!(
+            f.what
+                .contains(&format!("line {line} has it commented out")),
+            "{}",
+            f.what
+        );
+        assert!(f.fix.unwrap().contains(THE_LINE));
+    }
+
+    #[test]
+    fn hangwatchs_task_prolog_passes_and_one_that_is_not_installed_does_not() {
+        let conf = format!("{TEST_CLUSTER}{THE_LINE}\n");
+        let facts = service_node(&[
+            ("/etc/slurm/slurm.conf", &conf),
+            ("/usr/share/hangwatch/hangwatch-taskprolog.sh", OURS),
+        ]);
+        let f = get(&diagnose(&facts), Check::TaskProlog).clone();
+        assert!(f.ok && f.fix.is_none(), "{f:#?}");
+        assert!(f.what.contains("is hangwatch's"), "{}", f.what);
+
+        let facts = service_node(&[("/etc/slurm/slurm.conf", &conf)]);
+        let f = get(&diagnose(&facts), Check::TaskProlog).clone();
+        assert!(!f.ok && f.what.contains("not on this node"), "{f:#?}");
+    }
+
+    #[test]
+    fn a_site_task_prolog_in_an_included_file_passes_when_it_runs_hangwatchs() {
+        let files = [
+            ("/etc/slurm/slurm.conf", SITE),
+            ("/etc/slurm/prologs.conf", SITE_PROLOGS),
+            ("/etc/slurm/taskprolog.sh", SITE_TASKPROLOG),
+        ];
+        let facts = service_node(&files);
+        let f = get(&diagnose(&facts), Check::TaskProlog).clone();
+        assert!(f.ok, "{f:#?}");
+        assert!(
+            f.what.contains("/etc/slurm/prologs.conf line 4")
+                && f.what.contains("runs hangwatch's (its line 6)"),
+            "{}",
+            f.what
+        );
+
+        let own_only = SITE_TASKPROLOG.replace("/usr/share/hangwatch/hangwatch-taskprolog.sh", "");
+        let facts = service_node(&[files[0], files[1], ("/etc/slurm/taskprolog.sh", &own_only)]);
+        let f = get(&diagnose(&facts), Check::TaskProlog).clone();
+        assert!(
+            !f.ok && f.what.contains("does not run hangwatch's"),
+            "{f:#?}"
+        );
+        assert_eq!(
+            f.fix.as_deref(),
+            Some(
+                "add this line to /etc/slurm/taskprolog.sh (what it prints is what Slurm reads):  \
+                 /usr/share/hangwatch/hangwatch-taskprolog.sh"
+            )
+        );
+    }
+
+    #[test]
+    fn an_unread_slurm_conf_or_include_is_cannot_tell_never_missing() {
+        let facts = service_node(&[]);
+        let f = get(&diagnose(&facts), Check::TaskProlog).clone();
+        assert!(!f.ok && f.severity == Severity::Advice, "{f:#?}");
+        assert!(
+            f.what.contains("no slurm.conf could be read")
+                && f.what
+                    .contains("/etc/slurm/slurm.conf: Slurm's default: does not exist")
+                && f.what.contains("/run/slurm/conf/slurm.conf"),
+            "{}",
+            f.what
+        );
+
+        let facts = service_node(&[("/etc/slurm/slurm.conf", SITE)]);
+        let f = get(&diagnose(&facts), Check::TaskProlog).clone();
+        assert!(
+            f.what.contains("cannot tell")
+                && f.what.contains("/etc/slurm/prologs.conf: does not exist"),
+            "{}",
+            f.what
+        );
     }
 }

@@ -8,6 +8,11 @@ use std::path::{Component, Path, PathBuf};
 use hangwatch_proc::{parse_mountinfo, parse_status, MountTable};
 use serde::{Deserialize, Serialize};
 
+use crate::slurm_conf::{
+    classify_script, resolve, ConfLine, FileBatch, FileText, PrologScript, UnreadFile,
+    MAX_INCLUDE_DEPTH,
+};
+
 /// The environment variables that change whether a hang is reported or ended by PyTorch or DeepSpeed. Only
 /// variables these libraries really read, plus `NCCL_TIMEOUT`, which people set believing it does something.
 pub const RELEVANT_ENV: &[&str] = &[
@@ -165,6 +170,111 @@ pub struct HostFacts {
     pub paths: Vec<PathFact>,
     /// What could not be read, for the record (the checks that depend on it say "unknown").
     pub issues: Vec<String>,
+    /// The node service and its TaskProlog: gathered by `hangwatch doctor` alone ([`NodeServiceFacts::gather`]),
+    /// never at `run`'s start; `None` where nothing shows the service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_service: Option<NodeServiceFacts>,
+}
+
+/// The node service (`hangwatch node`) on this node, and the Slurm TaskProlog that gives its watchers the ranks'
+/// beats and Flight Recorder (docs/node-service.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeServiceFacts {
+    /// What shows the service here (its bootstrap under /run/hangwatch-node, its unit enabled, `[node]` settings).
+    pub signs: Vec<String>,
+    /// The slurm.conf read; `None` when none could be.
+    pub slurm_conf: Option<String>,
+    /// How its path was found (`$SLURM_CONF`, `scontrol show config`, Slurm's default, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_conf_from: Option<String>,
+    /// Where slurm.conf was looked for in vain, and why (when none was read).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slurm_conf_unread: Vec<UnreadFile>,
+    /// The TaskProlog in force.
+    pub task_prolog: Option<ConfLine>,
+    /// `TaskProlog=` lines commented out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commented: Vec<ConfLine>,
+    /// Included files that were not read (a TaskProlog set there is unknown).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub includes_unread: Vec<UnreadFile>,
+    /// What the TaskProlog's script is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<PrologScript>,
+}
+
+impl NodeServiceFacts {
+    /// Reads slurm.conf from the first of `candidates` (path, how it was found) that `read` returns, the files it
+    /// includes, and the TaskProlog's script. `read` reads a batch of files; every file here may be on a network
+    /// filesystem, so the caller's reader is a child under a deadline (`hangwatch_config::read_files`).
+    pub fn gather(
+        signs: Vec<String>,
+        candidates: &[(PathBuf, String)],
+        read: &mut dyn FnMut(&[PathBuf]) -> FileBatch,
+    ) -> NodeServiceFacts {
+        let mut facts = NodeServiceFacts {
+            signs,
+            slurm_conf: None,
+            slurm_conf_from: None,
+            slurm_conf_unread: Vec::new(),
+            task_prolog: None,
+            commented: Vec::new(),
+            includes_unread: Vec::new(),
+            script: None,
+        };
+        let mut texts = BTreeMap::new();
+        let mut read_into = |paths: &[PathBuf], texts: &mut BTreeMap<PathBuf, FileText>| {
+            let mut answers = read(paths);
+            for path in paths {
+                let found = match answers.iter().position(|(p, _)| p == path) {
+                    Some(i) => answers.swap_remove(i).1,
+                    None => FileText::Unreadable("the reader did not answer for it".into()),
+                };
+                texts.insert(path.clone(), found);
+            }
+        };
+        let paths: Vec<PathBuf> = candidates.iter().map(|(p, _)| p.clone()).collect();
+        read_into(&paths, &mut texts);
+        let Some((main, from)) = candidates
+            .iter()
+            .find(|(p, _)| matches!(texts.get(p), Some(FileText::Text(_))))
+        else {
+            facts.slurm_conf_unread = candidates
+                .iter()
+                .map(|(path, from)| UnreadFile {
+                    path: path.display().to_string(),
+                    why: match texts.get(path) {
+                        Some(FileText::Unreadable(why)) => format!("{from}: {why}"),
+                        _ => format!("{from}: does not exist"),
+                    },
+                })
+                .collect();
+            return facts;
+        };
+        facts.slurm_conf = Some(main.display().to_string());
+        facts.slurm_conf_from = Some(from.clone());
+        let mut resolved = resolve(main, &texts);
+        for _ in 0..=MAX_INCLUDE_DEPTH {
+            if resolved.wanted.is_empty() {
+                break;
+            }
+            read_into(&resolved.wanted, &mut texts);
+            resolved = resolve(main, &texts);
+        }
+        facts.commented = resolved.commented;
+        facts.includes_unread = resolved.unread;
+        if let Some(line) = &resolved.task_prolog {
+            let script = PathBuf::from(&line.value);
+            read_into(std::slice::from_ref(&script), &mut texts);
+            let found = texts
+                .get(&script)
+                .cloned()
+                .unwrap_or(FileText::Unreadable("not read".into()));
+            facts.script = Some(classify_script(&line.value, &found));
+        }
+        facts.task_prolog = resolved.task_prolog;
+        facts
+    }
 }
 
 /// Where [`HostFacts::gather`] reads from; every root can point at a test tree.
@@ -307,6 +417,7 @@ impl HostFacts {
             env,
             paths,
             issues,
+            node_service: None,
         }
     }
 }

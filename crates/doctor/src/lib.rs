@@ -4,11 +4,14 @@
 //! Two halves: [`HostFacts::gather`] reads plain facts (the process's rights, sysctls, the environment, which mount
 //! holds each directory hangwatch uses) from a movable /proc root, without ever touching a path that may sit on a
 //! frozen mount; [`diagnose`] turns them into a checklist of [`Finding`]s, passed ones included, as a pure function.
-//! [`startup_warnings`] picks the lines `hangwatch run` says before the job starts. See `docs/doctor.md`.
+//! [`startup_warnings`] picks the lines `hangwatch run` says before the job starts. On a node with the node service,
+//! `doctor` alone also gathers [`NodeServiceFacts`] (slurm.conf's TaskProlog, read by [`slurm_conf`]). See
+//! `docs/doctor.md`.
 
 mod checklist;
 mod diagnose;
 mod facts;
+pub mod slurm_conf;
 
 pub use checklist::{checklist, Glyphs};
 pub use diagnose::{
@@ -16,6 +19,6 @@ pub use diagnose::{
     RECOMMENDED_DGRAM_QLEN,
 };
 pub use facts::{
-    Access, Capabilities, GatherOptions, HostFacts, MountFact, PathFact, PathRole, SysctlValue,
-    Sysctls, RELEVANT_ENV,
+    Access, Capabilities, GatherOptions, HostFacts, MountFact, NodeServiceFacts, PathFact,
+    PathRole, SysctlValue, Sysctls, RELEVANT_ENV,
 };
