@@ -132,7 +132,7 @@ fn main() -> ExitCode {
             Some(loaded) => commands::config::run(args, loaded),
             None => Err(anyhow::anyhow!("the configuration was not loaded")),
         },
-        Command::Doctor(args) => commands::doctor::run(args),
+        Command::Doctor(args) => commands::doctor::run(args, loaded.as_ref()),
         Command::History(args) => commands::history::run(args),
         Command::InspectChild(args) => commands::inspect_child::run(args),
         Command::ReadStrings(args) => commands::read_strings::run(args),

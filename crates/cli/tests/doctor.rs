@@ -1,7 +1,8 @@
 //! `hangwatch doctor --json` in a deliberately bad environment, for real: a user without rights or capabilities,
-//! PyTorch's NCCL error handling off, a huge watchdog timeout, the report directory on a FUSE mount (bindfs; FUSE counts as
-//! remote); and as root in a clean environment. The sysctl checks are covered by the crate's fake-/proc tests:
-//! changing this machine's sysctls in a test is not worth the risk.
+//! PyTorch's NCCL error handling off, a huge watchdog timeout, the report directory on a FUSE mount (bindfs; FUSE
+//! counts as remote); and as root in a clean environment. On a node with the node service, the TaskProlog that
+//! slurm.conf names (a real slurm.conf, the test cluster's, through `$SLURM_CONF`). The sysctl checks are covered by
+//! the crate's fake-/proc tests: changing this machine's sysctls in a test is not worth the risk.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -15,7 +16,15 @@ use hangwatch_testkit::{
 use serde_json::Value;
 
 /// Runs a doctor command line to its end (20 s at most): (exit code, the JSON document, stderr).
-fn run(mut cmd: Command) -> (Option<i32>, Value, String) {
+fn run(cmd: Command) -> (Option<i32>, Value, String) {
+    let (code, out, err) = run_text(cmd);
+    let json =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}\n{err}"));
+    (code, json, err)
+}
+
+/// Runs a doctor command line to its end (20 s at most): (exit code, stdout, stderr).
+fn run_text(mut cmd: Command) -> (Option<i32>, String, String) {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -34,13 +43,11 @@ fn run(mut cmd: Command) -> (Option<i32>, Value, String) {
     });
     let status = wait_with_deadline(guard.child_mut(), Duration::from_secs(20))
         .expect("hangwatch doctor did not return within 20 s");
-    let (out, err) = (
+    (
+        status.code(),
         out.join().unwrap_or_default(),
         err.join().unwrap_or_default(),
-    );
-    let json =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}\n{err}"));
-    (status.code(), json, err)
+    )
 }
 
 fn finding<'a>(doc: &'a Value, check: &str) -> &'a Value {
@@ -261,5 +268,91 @@ fn run_says_the_problems_at_start_one_line_each() {
     assert!(
         !text.contains("advice") && !text.contains("max_dgram_qlen"),
         "only Blind and Silent findings are said at start: {text}"
+    );
+}
+
+/// slurm.conf as tests/slurm/start-slurm.sh writes it for 3 emulated nodes: no TaskProlog.
+const TEST_CLUSTER_CONF: &str = include_str!("../../doctor/tests/fixtures/slurm/test-cluster.conf");
+const TASK_PROLOG_LINE: &str = "TaskProlog=/usr/share/hangwatch/hangwatch-taskprolog.sh";
+
+/// On a node with the node service (here shown by a `[node]` section in the site's file), doctor reads slurm.conf
+/// from `$SLURM_CONF` and prints the TaskProlog line to add when it is missing; once slurm.conf's TaskProlog (in an
+/// included file, a site script that runs hangwatch's) is there, the line is not printed.
+#[test]
+fn on_a_node_service_node_doctor_prints_the_missing_task_prolog_line_until_it_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[node]\naction = \"observe\"\n").unwrap();
+    let conf = dir.path().join("slurm.conf");
+    std::fs::write(&conf, TEST_CLUSTER_CONF).unwrap();
+    let doctor = |json: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hangwatch"));
+        cmd.arg("doctor")
+            .args(json.then_some("--json"))
+            .current_dir(dir.path())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("LANG", "C")
+            .env("HANGWATCH_CONFIG", &config)
+            .env("SLURM_CONF", &conf);
+        cmd
+    };
+
+    let (_, doc, stderr) = run(doctor(true));
+    let f = finding(&doc, "task_prolog");
+    assert_eq!(f["ok"], false, "{f:#}\n{stderr}");
+    assert_eq!(f["severity"], "advice", "{f:#}");
+    let what = f["what"].as_str().unwrap();
+    assert!(
+        what.contains(&format!("[node] in {}", config.display()))
+            && what.contains(&format!("{} has no TaskProlog line", conf.display())),
+        "{what}"
+    );
+    assert!(
+        f["fix"].as_str().unwrap().contains(TASK_PROLOG_LINE),
+        "{f:#}"
+    );
+    assert_eq!(
+        doc["facts"]["node_service"]["slurm_conf_from"], "$SLURM_CONF",
+        "{doc:#}"
+    );
+    let (_, out, text) = run_text(doctor(false));
+    assert!(out.is_empty(), "human output goes to stderr: {out}");
+    let fix = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("fix: add this line to"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        fix.contains(&conf.display().to_string()) && fix.trim_end().ends_with(TASK_PROLOG_LINE),
+        "{text}"
+    );
+
+    let site_prolog = dir.path().join("taskprolog.sh");
+    std::fs::write(
+        &site_prolog,
+        "#!/bin/sh\necho \"export TMPDIR=/local/$SLURM_JOB_ID\"\n/usr/share/hangwatch/hangwatch-taskprolog.sh\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("prologs.conf"),
+        format!("TaskProlog={}\n", site_prolog.display()),
+    )
+    .unwrap();
+    std::fs::write(&conf, format!("{TEST_CLUSTER_CONF}Include prologs.conf\n")).unwrap();
+
+    let (_, doc, stderr) = run(doctor(true));
+    let f = finding(&doc, "task_prolog");
+    assert_eq!(f["ok"], true, "{f:#}\n{stderr}");
+    assert!(
+        f["what"]
+            .as_str()
+            .unwrap()
+            .contains("runs hangwatch's (its line 3)"),
+        "{f:#}"
+    );
+    let (_, _, text) = run_text(doctor(false));
+    assert!(
+        text.contains("ok task_prolog:") && !text.contains(TASK_PROLOG_LINE),
+        "{text}"
     );
 }

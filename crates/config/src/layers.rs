@@ -155,6 +155,15 @@ impl FileSettings {
         self.settings.get(&(command.to_string(), long.to_string()))
     }
 
+    /// A setting from `command`'s own section (`[node]` for `node`), if the files have one: that section is
+    /// configured here.
+    pub fn from_section(&self, command: &str) -> Option<&Setting> {
+        self.settings
+            .iter()
+            .find(|((c, _), s)| c == command && s.rank.1)
+            .map(|(_, s)| s)
+    }
+
     /// `root` with the files' values as the defaults of the options they set, so that the environment and the
     /// command line still win (clap's order: flag, then environment, then default).
     pub fn apply(&self, root: Command) -> Command {

@@ -17,6 +17,7 @@ pub use layers::{
     effective, public_commands, with_environment_names, Effective, FileSettings, Origin,
 };
 pub use read::child_main as read_child_main;
+pub use read::{read_files, Found};
 
 use hangwatch_model::exit::UsageError;
 

@@ -58,7 +58,7 @@ pub struct Settings {
 /// The service's node-local directory (tmpfs, root's): `tokens/` (root only) holds the watchers' token files,
 /// `steps/` each step's heartbeat socket, `python/` the bootstrap that a TaskProlog puts on the ranks' path
 /// (docs/inside-evidence.md); every user can read the last two, only root can write any of it.
-const RUNTIME_DIR: &str = "/run/hangwatch-node";
+pub const RUNTIME_DIR: &str = "/run/hangwatch-node";
 
 /// Makes `steps/` and writes `python/` under [`RUNTIME_DIR`]; where the steps' sockets go.
 fn prepare_runtime(root: &Path) -> std::io::Result<PathBuf> {
