@@ -737,14 +737,15 @@ fn path_check(facts: &HostFacts, role: PathRole) -> Option<Finding> {
     })
 }
 
-const TASK_PROLOG_WHY: &str = "Slurm's TaskProlog runs before each task and what it prints as `export` lines goes \
-     into the task's environment. hangwatch's gives each rank the step's heartbeat socket (HANGWATCH_SOCKET) and the \
-     bootstrap on PYTHONPATH, so that the service's watcher sees optimizer steps and checkpoints as they happen and \
-     learns its thresholds from them, turns PyTorch's Flight Recorder on so that a rank can say at a roll call which \
-     collective it did not join, and gives each step a private prefix for the recorder's dumps \
-     (TORCH_FR_DUMP_TEMP_FILE). Without it a watcher judges a step by its ranks' CPU time and kernel state alone: \
-     15 minutes of warm-up, then thresholds learned from CPU activity; a hang in a collective where no rank stands \
-     out in /proc goes without the rank that never joined, unless the job itself wrote a Flight Recorder dump";
+const TASK_PROLOG_WHY: &str = "Slurm's TaskProlog runs before each task, and what it prints as `export` lines goes \
+     into the task's environment, which nothing can change once the task runs. hangwatch's gives each rank the \
+     step's heartbeat socket (HANGWATCH_SOCKET) and the bootstrap on PYTHONPATH, so that the service's watcher sees \
+     optimizer steps and checkpoints as they happen and learns its thresholds from them; it turns PyTorch's Flight \
+     Recorder on, so that a rank says at a roll call which collective it did not join, and gives each step a private \
+     prefix for the recorder's dumps (TORCH_FR_DUMP_TEMP_FILE). Without it a watcher judges a step by its ranks' CPU \
+     time and kernel state alone: its thresholds come from the gaps in the ranks' CPU work, not from training steps, \
+     and a hang in a collective where no rank stands out in /proc goes without the rank that never joined, unless \
+     the job turned the recorder on itself and torch dumped it";
 
 /// On a node with the node service: whether slurm.conf's TaskProlog is hangwatch's, or a site script that runs it.
 fn task_prolog(facts: &HostFacts) -> Option<Finding> {
