@@ -10,7 +10,11 @@ Each rank trains: a line per step and an all_reduce per step. Then, by --mode:
   stop      every rank evaluates for --silence seconds, then rank 0 sleeps forever (a deadlock of its own) while its
             peers wait for it in all_reduce: the work stopped, and so must the job;
   download  rank 0 fetches --url whole into a local file (a dataset shard from a slow mirror: urllib, no timeout, as
-            most clients default to) while its peers wait in all_reduce, then all train on and exit 0.
+            most clients default to) while its peers wait in all_reduce, then all train on and exit 0;
+  child-copy
+            rank 0 has a child process copy --src (a file on a slow mount) at --rate bytes per second into a local
+            file, as `cp`, `aws s3 cp` or `git lfs` would, and waits for it while its peers wait in all_reduce;
+            then all train on and exit 0.
 """
 
 import argparse
@@ -73,6 +77,40 @@ def fetch_shard(url):
             got += len(chunk)
 
 
+# The child's program: a plain Python process (no torch), reading a page at a time with read-ahead off, so that each
+# read is one request to the mount (on a slow FUSE mount it waits in the daemon's queue, as a copy from a loaded
+# network filesystem does), paced to `rate` bytes per second.
+COPY_CHILD = """
+import os, sys, time
+src, dst, rate = sys.argv[1], sys.argv[2], int(sys.argv[3])
+start, got = time.monotonic(), 0
+with open(src, "rb", buffering=0) as f, open(dst, "wb", buffering=0) as out:
+    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+    while True:
+        page = f.read(4096)
+        if not page:
+            break
+        out.write(page)
+        got += len(page)
+        ahead = got / rate - (time.monotonic() - start)
+        if ahead > 0:
+            time.sleep(ahead)
+"""
+
+
+def copy_from_mount(src, rate):
+    """Rank 0 has a child copy what its peers need off a slow mount and waits for it: the child moves the bytes,
+    rank 0 itself only waits."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as local:
+        dst = os.path.join(local, "copy")
+        subprocess.run([sys.executable, "-c", COPY_CHILD, src, dst, str(rate)], check=True)
+        return os.path.getsize(dst)
+
+
 def spin_forever():
     x = 0
     while True:
@@ -81,8 +119,12 @@ def spin_forever():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["eval", "prepare", "spin", "stop", "download"], required=True)
+    parser.add_argument(
+        "--mode", choices=["eval", "prepare", "spin", "stop", "download", "child-copy"], required=True
+    )
     parser.add_argument("--url", help="what rank 0 downloads in --mode download")
+    parser.add_argument("--src", help="what rank 0's child copies in --mode child-copy")
+    parser.add_argument("--rate", type=int, default=65536, help="bytes per second in --mode child-copy")
     parser.add_argument("--silence", type=float, default=150.0)
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
@@ -103,6 +145,10 @@ def main():
     elif args.mode == "download":
         if rank == 0:
             print(f"rank 0 fetched {fetch_shard(args.url)} bytes", flush=True)
+        dist.all_reduce(torch.zeros(1))
+    elif args.mode == "child-copy":
+        if rank == 0:
+            print(f"rank 0 copied {copy_from_mount(args.src, args.rate)} bytes", flush=True)
         dist.all_reduce(torch.zeros(1))
     elif args.mode == "stop":
         evaluate(model, args.silence)

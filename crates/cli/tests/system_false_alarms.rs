@@ -4,7 +4,7 @@
 //! notice and its warning alert once. Work that stops ends the hold; a loop that never ends is still ended, at
 //! `--max-stall`; a busy rank under a fixed `--stall-after` is ended at it, as before. Rank 0 downloading from a
 //! slow mirror (32 KB/s, almost no CPU) while its peers wait is work too; the same download from a server that
-//! stops is not.
+//! stops is not. So is a child of rank 0 copying a file from a slow FUSE mount while rank 0 waits for it.
 
 mod common;
 
@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use hangwatch_testkit::{require, torch_python, AlertReceiver, ChildGuard};
+use hangwatch_testkit::{require, torch_python, AlertReceiver, ChildGuard, FuseMount};
 use serde_json::Value;
 
 fn silent_job(python: &Path, mode: &str, silence: &str) -> Vec<String> {
@@ -291,6 +291,51 @@ fn a_download_whose_server_stops_is_ended_with_rank_0_named() {
     assert!(
         done.json["activity"].is_null(),
         "the kept verdict is the one after the bytes stopped: {}",
+        done.describe()
+    );
+}
+
+/// Rank 0 runs a child process that copies a file off a slow FUSE mount (the daemon stopped 200 ms in every 250 ms;
+/// the child asks for a page at a time, paced to 64 KB/s) and waits for it, while its peers wait in all_reduce. The
+/// child spends most of its time in the mount's request wait, so a roll call mostly finds it there: its bytes
+/// still move and the mount answers its probe, so it is work, and rank 0 is not ended for waiting on it.
+#[test]
+fn a_child_of_rank_0_copying_from_a_slow_fuse_mount_while_its_peers_wait_is_not_ended() {
+    let torch = require!(torch_python());
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let backing = tmp.path().join("backing");
+    std::fs::create_dir(&backing).expect("backing dir");
+    // 12 MB at 64 KB/s: about 3 minutes of copying, past the 2-minute floor of the defaults.
+    std::fs::write(backing.join("shard.bin"), vec![7u8; 12_000_000]).expect("the shard");
+    let fuse = require!(FuseMount::new(&backing));
+    let src = fuse.path().join("shard.bin");
+    let _slow = fuse.slow_down(Duration::from_millis(200), Duration::from_millis(50));
+    let mut job = silent_job(torch, "child-copy", "0");
+    job.extend([
+        "--src".into(),
+        src.to_string_lossy().into_owned(),
+        "--rate".into(),
+        "65536".into(),
+    ]);
+    let mut run = HangwatchRun::start(&["--nproc", "4", "--quiet"], &job);
+    let done = run.finish(Duration::from_secs(330));
+    done.assert_code(0);
+    let notices: Vec<&str> = done
+        .stderr
+        .lines()
+        .filter(|l| l.contains(NOT_ENDING))
+        .collect();
+    assert_eq!(notices.len(), 1, "said once: {}", done.describe());
+    assert!(
+        notices[0].contains("rank 0 moves data")
+            && notices[0].contains("through a child process in copy_from_mount (silent_job.py)"),
+        "the notice names the copy: {}",
+        notices[0]
+    );
+    let output = std::fs::read_to_string(done.report_dir.join("output.log")).unwrap_or_default();
+    assert!(
+        output.contains("rank 0 copied 12000000 bytes"),
+        "the whole file was copied: {}",
         done.describe()
     );
 }

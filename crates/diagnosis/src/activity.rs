@@ -10,8 +10,11 @@
 //! - a rank **moves data** when it read or wrote at least [`MOVING_BYTES_PER_S`] (`rchar + wchar`: files, pipes,
 //!   sockets) over the sample window while it waits outside `torch.distributed`: rank 0 downloading a dataset
 //!   shard, a tokenizer or a model from a slow mirror barely uses a CPU, yet it works as much as one that computes;
-//! - a DataLoader (or other) worker, or a child (`aws s3 cp`, `git lfs`), that computes or moves data counts for
-//!   its rank: the rank waits for its data;
+//! - a DataLoader (or other) worker, or a child (`aws s3 cp`, `git lfs`, `cp` from a network filesystem), that
+//!   computes or moves data counts for its rank: the rank waits for its data. A worker caught in a filesystem wait
+//!   on a mount that answered its probe (a slow filesystem, not a stuck one) moves data too when its bytes moved:
+//!   a copy from a loaded mount spends most of its time in those waits. The work is named by where its rank waits
+//!   for it (the rank's own code), since a worker has no Python stack;
 //! - there is **activity** when at least one rank computes and nothing seen is conclusive: no rank blocked in the
 //!   kernel, stopped or dead, and no node missing (those verdicts name a culprit; work elsewhere does not excuse it).
 
@@ -37,6 +40,8 @@ pub struct Seen<'a> {
     pub own_code: Option<&'a str>,
     /// How fast it read or wrote over the sample window (bytes per second), when known.
     pub bytes_per_s: Option<u64>,
+    /// It waits on a filesystem that answered its probe: slow, not stuck.
+    pub slow_filesystem: bool,
 }
 
 /// The least a waiting rank must read or write per second to count as moving data. A rank that waits in a
@@ -46,11 +51,15 @@ pub const MOVING_BYTES_PER_S: u64 = 4 * 1024;
 
 /// The rate at which `seen` moves data, when it does (see the module documentation).
 fn moves_data(seen: &Seen) -> Option<u64> {
-    seen.bytes_per_s.filter(|rate| {
-        *rate >= MOVING_BYTES_PER_S
-            && seen.condition == Condition::Waiting
-            && !in_distributed(seen.where_)
-    })
+    let waits = match seen.condition {
+        Condition::Waiting => true,
+        // A rank in the kernel is a finding of its own ([`activity`] says none then); a worker on a slow mount
+        // whose bytes move is a copy at the pace of its filesystem.
+        Condition::BlockedInKernel => seen.worker && seen.slow_filesystem,
+        _ => false,
+    };
+    seen.bytes_per_s
+        .filter(|rate| *rate >= MOVING_BYTES_PER_S && waits && !in_distributed(seen.where_))
 }
 
 /// Whether `where_` is a place inside torch.distributed (a collective, a barrier, a store wait).
@@ -87,16 +96,22 @@ pub fn activity(seen: &[Seen], nodes_missing: bool) -> Option<Activity> {
         }
         computing |= computes(s);
         moved = moved.saturating_add(rate.unwrap_or(0));
-        let place = s.own_code.unwrap_or(s.where_);
-        let entry = working.entry(s.rank_pid).or_insert((s.rank, place));
-        if !s.worker {
-            // The rank's own place says more than its worker's.
-            entry.1 = place;
-        }
+        // A worker has no Python stack: its work is named where its rank waits for it (the rank's own code).
+        let place = match ranks.iter().find(|r| s.worker && r.rank_pid == s.rank_pid) {
+            Some(rank) => rank.own_code.unwrap_or(rank.where_),
+            None => s.own_code.unwrap_or(s.where_),
+        };
+        working.entry(s.rank_pid).or_insert((s.rank, place));
     }
     if working.is_empty() {
         return None;
     }
+    // Work that only workers do is said so: the rank itself waits.
+    let through_workers = working.keys().all(|pid| {
+        !seen
+            .iter()
+            .any(|s| !s.worker && s.rank_pid == *pid && (computes(s) || moves_data(s).is_some()))
+    });
     let most = |places: &mut dyn Iterator<Item = &str>| -> Option<String> {
         let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
         for p in places {
@@ -139,7 +154,12 @@ pub fn activity(seen: &[Seen], nodes_missing: bool) -> Option<Activity> {
     } else {
         format!(" ({} read or written)", rate_words(moved))
     };
-    let mut summary = format!("{who}{rate} in {where_}");
+    let through = match (through_workers, n) {
+        (false, _) => "",
+        (true, 1) => " through a child process",
+        (true, _) => " through child processes",
+    };
+    let mut summary = format!("{who}{rate}{through} in {where_}");
     if let (false, Some(place)) = (waiting.is_empty(), &waiting_where) {
         let noun = if waiting.len() == 1 {
             "rank waits"
@@ -424,6 +444,7 @@ mod tests {
             where_,
             own_code: None,
             bytes_per_s: None,
+            slow_filesystem: false,
         }
     }
 
@@ -581,13 +602,71 @@ mod tests {
             where_: "__getitem__ (data.py)",
             own_code: None,
             bytes_per_s: None,
+            slow_filesystem: false,
         });
         let a = activity(&seen, false).expect("activity");
         assert_eq!(a.ranks, vec![1]);
         assert_eq!(a.pids, vec![101]);
-        assert!(a
-            .summary
-            .starts_with("rank 1 computes in __getitem__ (data.py) while 1 rank waits"));
+        assert_eq!(
+            a.summary,
+            "rank 1 computes through a child process in __next__ (dataloader.py) while 1 rank waits in \
+             __next__ (dataloader.py)",
+            "named where the rank waits for it"
+        );
+    }
+
+    /// A child of rank 0 copying from a slow FUSE mount (`cp`, `aws s3 cp` into a cache): caught in the mount's
+    /// request wait at most looks, its bytes still move.
+    fn copying_child(condition: Condition, rate: u64, slow_filesystem: bool) -> Vec<Seen<'static>> {
+        let mut seen = vec![Seen {
+            own_code: Some("copy_from_mount (job.py)"),
+            ..rank(0, Condition::Waiting, "Popen._wait (subprocess.py)")
+        }];
+        seen.push(Seen {
+            worker: true,
+            bytes_per_s: Some(rate),
+            slow_filesystem,
+            ..rank(0, condition, "read() in folio_wait_bit_common")
+        });
+        seen.extend((1..4).map(|r| rank(r, Condition::Waiting, ALL_REDUCE)));
+        seen
+    }
+
+    #[test]
+    fn a_child_copying_from_a_slow_mount_moves_data_for_its_rank() {
+        for condition in [Condition::Waiting, Condition::BlockedInKernel] {
+            let a = activity(&copying_child(condition, 131_072, true), false)
+                .unwrap_or_else(|| panic!("{condition:?}: the copy is work"));
+            assert_eq!(a.ranks, vec![0]);
+            assert_eq!(
+                a.summary,
+                "rank 0 moves data (131 KB/s read or written) through a child process in copy_from_mount \
+                 (job.py) while 3 ranks wait in all_reduce (torch/distributed/distributed_c10d.py)"
+            );
+        }
+    }
+
+    #[test]
+    fn a_child_on_a_mount_that_did_not_answer_or_whose_bytes_stopped_is_no_work() {
+        // The probe found no answer (or none was taken): a worker stuck there is a finding, not work.
+        assert_eq!(
+            activity(
+                &copying_child(Condition::BlockedInKernel, 131_072, false),
+                false
+            ),
+            None
+        );
+        // Slow mount, nothing moved: the copy stopped.
+        assert_eq!(
+            activity(&copying_child(Condition::BlockedInKernel, 0, true), false),
+            None
+        );
+        // A rank in the kernel is never excused by its mount's answer.
+        let mut seen = copying_child(Condition::Waiting, 131_072, true);
+        seen[0].condition = Condition::BlockedInKernel;
+        seen[0].slow_filesystem = true;
+        seen[0].bytes_per_s = Some(131_072);
+        assert_eq!(activity(&seen, false), None);
     }
 
     fn s(x: u64) -> Duration {

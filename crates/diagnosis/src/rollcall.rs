@@ -659,6 +659,8 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
                 where_: &e.position.where_,
                 own_code: e.position.own_code.as_deref(),
                 bytes_per_s: e.process.bytes_per_s_during_sample,
+                slow_filesystem: e.position.condition == Condition::BlockedInKernel
+                    && on_responsive_mount(e, &ctx),
             })
             .collect::<Vec<_>>(),
         !nodes_not_seen.is_empty()
