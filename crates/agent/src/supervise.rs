@@ -41,7 +41,7 @@ use crate::reaper::Reaper;
 pub use crate::sampler::shell_code;
 use crate::sampler::{unix_time_of, wait_in_background, JobProc, Sampler, SamplerParts};
 use crate::sources::{install_signals, runtime_dir};
-use crate::terminate::{report_termination, stuck_pids, TerminationReport};
+use crate::terminate::{held_pids, report_termination, stuck_pids, TerminationReport};
 use crate::workers::{Threads, Workers};
 use hangwatch_alert::{Alert, Alerter, Stage};
 pub use hangwatch_diagnosis::{is_conclusive, OnHang};
@@ -549,10 +549,34 @@ impl Supervisor {
                 "hangwatch: after signal {signal} only processes blocked in the kernel are left: killing them now (they cannot act on it)"
             ),
             Notice::SecondSignal => "hangwatch: second signal: killing the job now".into(),
-            Notice::EndingJob { grace } => format!(
-                "hangwatch: ending the job: SIGTERM, {:.0}s grace, then SIGKILL",
-                grace.as_secs_f64()
-            ),
+            Notice::EndingJob { grace } => {
+                let mut line = format!(
+                    "hangwatch: ending the job: SIGTERM, {:.0}s grace, then SIGKILL",
+                    grace.as_secs_f64()
+                );
+                let verdict = self.last_verdict.as_ref();
+                let held = held_pids(verdict, self.config.node.as_deref());
+                if !held.is_empty() && !grace.is_zero() {
+                    let ranks: Vec<u32> = verdict
+                        .map(|v| {
+                            v.ranks
+                                .iter()
+                                .filter(|r| held.contains(&r.at.pid))
+                                .filter_map(|r| r.at.rank)
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let who = match ranks.len() {
+                        0 => format!("{} processes", held.len()),
+                        _ => hangwatch_model::ranks_words(&ranks),
+                    };
+                    line.push_str(&format!(
+                        " (no grace is spent on {who}: waiting in a collective behind a rank stuck in the \
+                         kernel, a SIGTERM handler of theirs cannot run)"
+                    ));
+                }
+                line
+            }
             Notice::Computing => format!(
                 "hangwatch: {}",
                 crate::render::computing_text(

@@ -63,7 +63,7 @@ fn moves_data(seen: &Seen) -> Option<u64> {
 }
 
 /// Whether `where_` is a place inside torch.distributed (a collective, a barrier, a store wait).
-fn in_distributed(where_: &str) -> bool {
+pub fn in_distributed(where_: &str) -> bool {
     where_.contains("torch/distributed/") || where_.contains("torch\\distributed\\")
 }
 

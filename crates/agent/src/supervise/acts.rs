@@ -241,7 +241,13 @@ impl Supervisor {
         } else {
             self.config.grace
         };
-        let stuck = stuck_pids(self.last_verdict.as_ref(), self.config.node.as_deref());
+        // Ranks held in a collective behind a stuck one cannot act on SIGTERM either: the grace ends when only
+        // such processes are left.
+        let mut stuck = stuck_pids(self.last_verdict.as_ref(), self.config.node.as_deref());
+        stuck.extend(held_pids(
+            self.last_verdict.as_ref(),
+            self.config.node.as_deref(),
+        ));
         let spawned = self.workers.terminate(
             self.sampler.procs().to_vec(),
             grace,
