@@ -67,6 +67,7 @@ fn thread(
         cpu_ms_during_sample: Some(0),
         cpu_ms_total: Some(3_600_000),
         sigkill_pending: false,
+        second_look: None,
     }
 }
 

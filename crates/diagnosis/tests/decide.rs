@@ -51,6 +51,7 @@ fn thread(tid: i32, state: char, wchan: &str, call: &str, file: FileRef) -> Thre
         cpu_ms_during_sample: Some(0),
         cpu_ms_total: Some(1000),
         sigkill_pending: false,
+        second_look: None,
     }
 }
 

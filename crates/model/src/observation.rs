@@ -230,6 +230,33 @@ pub struct ThreadObservation {
     pub cpu_ms_total: Option<u64>,
     /// SIGKILL pending on this thread (an earlier kill did not take effect yet).
     pub sigkill_pending: bool,
+    /// A third look at the thread, later in the same roll call, where the second sample's state was one instant's
+    /// (in D, or on a CPU with no CPU time to back it): whether that state lasted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub second_look: Option<SecondLook>,
+}
+
+/// What a thread was doing a moment after the roll call's second sample: a thread caught in D for a page fault on
+/// a healthy disk, or runnable for an instant between two waits, has moved on by then; one stuck has not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecondLook {
+    /// Milliseconds after the second sample.
+    pub after_ms: u64,
+    /// The state letter then; `X` when the thread had exited.
+    pub state: char,
+    /// CPU time (user + system) used since the second sample, when both were read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ms: Option<u64>,
+    /// Whether it was switched off or onto a CPU since (its context-switch counters moved), when both were read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switched: Option<bool>,
+}
+
+impl SecondLook {
+    /// The thread left the state of the second sample, or ran, in between: what it was seen in was a moment.
+    pub fn moved_on(&self, state: char) -> bool {
+        self.state != state || self.switched == Some(true) || self.cpu_ms.is_some_and(|ms| ms > 0)
+    }
 }
 
 /// What `/proc/PID/task/TID/syscall` said, decoded.

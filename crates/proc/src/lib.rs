@@ -47,7 +47,9 @@ pub use kernel::{parse_stack, parse_wchan};
 pub use locks::{holders_of_waits, parse_locks, FileLock};
 pub use maps::{mapped_files, parse_maps, Mapping, MAX_MAPPED_FILES};
 pub use mountinfo::{parse_mountinfo, unescape, Mount, MountTable};
-pub use observe::{decode_syscall, observe_process, observe_threads, ProcessSample, ThreadSample};
+pub use observe::{
+    decode_syscall, observe_process, observe_threads, second_look, ProcessSample, ThreadSample,
+};
 pub use reader::{FileResolver, ProcFs};
 pub use resolve::{resolve_file_ref, FileTarget};
 pub use stat::{parse_stat, TaskStat};

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use hangwatch_kernel::syscall::{file_arg, syscall_name, FileArg, AT_FDCWD};
 use hangwatch_model::{
-    FileRef, PathArg, ProcessObservation, SyscallObservation, ThreadObservation,
+    FileRef, PathArg, ProcessObservation, SecondLook, SyscallObservation, ThreadObservation,
 };
 use serde::{Deserialize, Serialize};
 
@@ -132,6 +132,7 @@ pub fn observe_threads(
                 cpu_ms_during_sample: cpu_delta.map(|ticks| ticks_to_ms(ticks, clk_tck)),
                 cpu_ms_total: Some(ticks_to_ms(now.stat.cpu_ticks(), clk_tck)),
                 sigkill_pending: pending.sigkill(),
+                second_look: None,
             }
         })
         .collect()
@@ -157,6 +158,41 @@ pub fn observe_process(
         ns_pid: second.status.as_ref().and_then(Status::inner_pid),
         bytes_per_s_during_sample: bytes_per_s(first, second, elapsed),
         ..ProcessObservation::default()
+    }
+}
+
+/// A later look at a thread observed by [`observe_threads`]: its `stat` and `status` read `after` its second
+/// sample (`None`: the thread had exited by then). Whether it ran in between is told by the same counters as
+/// `not_running_for_ms`: CPU time and context switches.
+pub fn second_look(
+    observed: &ThreadObservation,
+    now: Option<(&TaskStat, Option<&Status>)>,
+    after: Duration,
+    clk_tck: u64,
+) -> SecondLook {
+    let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+    let Some((stat, status)) = now else {
+        return SecondLook {
+            after_ms,
+            state: 'X',
+            cpu_ms: None,
+            switched: None,
+        };
+    };
+    let cpu_ms = observed
+        .cpu_ms_total
+        .and_then(|before| ticks_to_ms(stat.cpu_ticks(), clk_tck).checked_sub(before));
+    let switched = status.and_then(|s| {
+        Some(
+            s.voluntary_ctxt_switches? != observed.voluntary_ctxt_switches?
+                || s.nonvoluntary_ctxt_switches? != observed.nonvoluntary_ctxt_switches?,
+        )
+    });
+    SecondLook {
+        after_ms,
+        state: stat.state,
+        cpu_ms,
+        switched,
     }
 }
 
@@ -404,6 +440,68 @@ mod tests {
             assert!(new.cpu_ms_total.is_some());
             assert!(new.syscall.is_some());
         }
+    }
+
+    #[test]
+    fn a_second_look_tells_a_wait_that_lasted_from_one_that_moved_on() {
+        let first = process(vec![thread(
+            100,
+            stat(100, 'S', 10, 5),
+            status(7, 2),
+            write_on(3),
+        )]);
+        let second = process(vec![thread(
+            100,
+            stat(100, 'D', 10, 5),
+            status(8, 2),
+            write_on(3),
+        )]);
+        let observed = &observe_threads(&first, &second, SECOND, 100, no_files)[0];
+        let later = Duration::from_millis(250);
+
+        // Still in D, not switched, no CPU: the wait lasted.
+        let held = second_look(
+            observed,
+            Some((&stat(100, 'D', 10, 5), Some(&status(8, 2)))),
+            later,
+            100,
+        );
+        assert_eq!(
+            held,
+            SecondLook {
+                after_ms: 250,
+                state: 'D',
+                cpu_ms: Some(0),
+                switched: Some(false)
+            }
+        );
+        assert!(!held.moved_on('D'));
+        // In D again, but it was woken and slept again in between: a new wait.
+        let again = second_look(
+            observed,
+            Some((&stat(100, 'D', 10, 5), Some(&status(10, 2)))),
+            later,
+            100,
+        );
+        assert_eq!(again.switched, Some(true));
+        assert!(again.moved_on('D'));
+        // Out of it, with a tick of CPU.
+        let out = second_look(
+            observed,
+            Some((&stat(100, 'S', 11, 5), Some(&status(9, 2)))),
+            later,
+            100,
+        );
+        assert_eq!((out.state, out.cpu_ms), ('S', Some(10)));
+        assert!(out.moved_on('D'));
+        // Gone.
+        let gone = second_look(observed, None, later, 100);
+        assert_eq!(gone.state, 'X');
+        assert!(gone.moved_on('D'));
+        // Without counters (status unreadable), only the state tells.
+        let blind = second_look(observed, Some((&stat(100, 'D', 10, 5), None)), later, 100);
+        assert_eq!(blind.switched, None);
+        assert!(!blind.moved_on('D'));
     }
 
     #[test]

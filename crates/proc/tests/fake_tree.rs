@@ -216,6 +216,7 @@ fn blocked_writer_and_spinner_end_to_end() {
             cpu_ms_during_sample: Some(0),
             cpu_ms_total: Some(420),
             sigkill_pending: false,
+            second_look: None,
         }
     );
 
