@@ -112,7 +112,7 @@ fn path_unknown(thread: &ThreadObservation) -> Option<String> {
     }
 }
 
-fn syscall_file(thread: &ThreadObservation) -> Option<&FileRef> {
+pub(crate) fn syscall_file(thread: &ThreadObservation) -> Option<&FileRef> {
     match &thread.syscall {
         Some(SyscallObservation::InSyscall {
             file: Some(file), ..
@@ -245,12 +245,21 @@ pub fn python_stack(process: &ProcessObservation, tid: Option<i32>) -> Option<Ve
 }
 
 /// Picks the telling thread: a stuck one (filesystem wait, then stopped), else a running one when the process
-/// burns CPU, else the main thread.
-fn telling_thread(process: &ProcessObservation, busy: bool) -> Option<&ThreadObservation> {
+/// burns CPU, else the main thread. The threads in `passing` (a wait that a second look found over) are never
+/// the stuck one.
+fn telling_thread<'a>(
+    process: &'a ProcessObservation,
+    busy: bool,
+    passing: &[i32],
+) -> Option<&'a ThreadObservation> {
     let threads = &process.threads;
     // hangwatch's own thread in a rank (the bootstrap's `hangwatch-rank`) caught in a page fault for an instant
     // must not make the rank a culprit on its own: the rank's state is its own threads'.
-    let jobs = || threads.iter().filter(|t| !hangwatch_own(process, t));
+    let jobs = || {
+        threads
+            .iter()
+            .filter(|t| !hangwatch_own(process, t) && !passing.contains(&t.tid))
+    };
     jobs()
         .find(|t| t.state == 'D')
         .or_else(|| jobs().find(|t| waits_on_filesystem(t)))
@@ -283,27 +292,63 @@ fn hangwatch_own(process: &ProcessObservation, thread: &ThreadObservation) -> bo
 
 /// Whether the process used CPU for most of the sample window (in any thread) or its main thread is on a CPU.
 ///
-/// A main thread seen in R counts only when it was also charged CPU during the window (where that is known): a
-/// thread that wakes from a timed wait twice a second is runnable for a moment at each wake, longer on a loaded
-/// node, and one instant of R would call a waiting rank busy. A thread that spins is charged CPU ticks even when
-/// it shares its core.
+/// A main thread seen in R counts only when it was also charged CPU during the window: a thread that wakes from a
+/// timed wait twice a second is runnable for a moment at each wake, longer on a loaded node, and one instant of R
+/// would call a waiting rank busy. A thread that spins is charged CPU ticks even when it shares its core. Where
+/// the window's CPU time is not known (no earlier sample of the thread), the roll call's second look stands in
+/// for it: on a CPU again and charged CPU since; only without that is the instant all there is.
 fn is_busy(process: &ProcessObservation, window_ms: u64) -> bool {
     let cpu: u64 = process
         .threads
         .iter()
         .filter_map(|t| t.cpu_ms_during_sample)
         .sum();
+    let charged = |t: &ThreadObservation| match (t.cpu_ms_during_sample, t.second_look) {
+        (Some(ms), _) => ms > 0,
+        (None, Some(look)) => look.state == 'R' && look.cpu_ms != Some(0),
+        (None, None) => true,
+    };
     let main_running = process.threads.iter().any(|t| {
         t.tid == process.pid
             && t.state == 'R'
             && !matches!(t.syscall, Some(SyscallObservation::InSyscall { .. }))
-            && t.cpu_ms_during_sample != Some(0)
+            && charged(t)
     });
     (window_ms > 0 && cpu * 2 >= window_ms) || main_running
 }
 
 /// Classifies one process. `window_ms` is the time between the two /proc samples.
 pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
+    classify_passing(process, window_ms, &[])
+}
+
+/// Whether the roll call should look at `thread` again a moment after its second sample: its state there is one
+/// instant's and decides a lot. In D (a page fault on a healthy disk is D for a moment too), or on a CPU with no
+/// CPU time known for the window (no earlier sample of it).
+pub fn wants_second_look(thread: &ThreadObservation) -> bool {
+    thread.state == 'D' || (thread.state == 'R' && thread.cpu_ms_during_sample.is_none())
+}
+
+/// The threads of `process` seen in D whose wait the second look found over (it left D, or was woken and ran, in
+/// between), where `answered` says that nothing they may wait on failed to answer and no hung-task report names
+/// them: a moment, not a state ([`crate::rollcall::decide`] passes them to [`classify_passing`]).
+pub fn passing_waits(
+    process: &ProcessObservation,
+    answered: impl Fn(&ThreadObservation) -> bool,
+) -> Vec<i32> {
+    process
+        .threads
+        .iter()
+        .filter(|t| {
+            t.state == 'D' && t.second_look.is_some_and(|look| look.moved_on('D')) && answered(t)
+        })
+        .map(|t| t.tid)
+        .collect()
+}
+
+/// [`classify`], with the threads in `passing` (see [`passing_waits`]) taken as neither stuck nor waiting on a
+/// filesystem: the process is where its other threads are.
+pub fn classify_passing(process: &ProcessObservation, window_ms: u64, passing: &[i32]) -> Position {
     if process.exited {
         return Position {
             condition: Condition::Exited,
@@ -325,7 +370,7 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
         };
     }
     let busy = is_busy(process, window_ms);
-    let Some(thread) = telling_thread(process, busy) else {
+    let Some(thread) = telling_thread(process, busy, passing) else {
         return Position {
             condition: Condition::Exited,
             tid: None,
@@ -342,7 +387,8 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
             thread_name: None,
         };
     };
-    let filesystem_wait = waits_on_filesystem(thread);
+    let passed = passing.contains(&thread.tid);
+    let filesystem_wait = !passed && waits_on_filesystem(thread);
     let condition = if filesystem_wait {
         Condition::BlockedInKernel
     } else if is_stopped(thread.state) {
@@ -368,7 +414,7 @@ pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
         syscall_name: syscall_name(thread),
         file: syscall_file(thread).cloned(),
         path_unknown: path_unknown(thread),
-        superblock_wait: waits_on_frozen_superblock(thread),
+        superblock_wait: !passed && waits_on_frozen_superblock(thread),
         frozen_mount: None,
         filesystem_wait,
         own_code,
@@ -402,6 +448,7 @@ fn thread_name(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hangwatch_model::SecondLook;
 
     fn frame(function: &str, filename: &str, line: i32) -> PythonFrame {
         PythonFrame {
@@ -437,9 +484,50 @@ mod tests {
         assert!(is_busy(&main_thread('R', Some(200)), 1200));
         // Most of the window on a CPU is busy whatever the instant shows.
         assert!(is_busy(&main_thread('S', Some(700)), 1200));
-        // No earlier sample of this thread: the instant is all there is.
+        // No earlier sample of this thread: the instant is all there is, unless the roll call looked again.
         assert!(is_busy(&main_thread('R', None), 1200));
         assert!(!is_busy(&main_thread('S', Some(100)), 1200));
+        let looked_again = |state, cpu_ms| {
+            let mut p = main_thread('R', None);
+            p.threads[0].second_look = Some(SecondLook {
+                after_ms: 200,
+                state,
+                cpu_ms,
+                switched: Some(true),
+            });
+            p
+        };
+        assert!(!is_busy(&looked_again('S', Some(0)), 1200));
+        assert!(!is_busy(&looked_again('R', Some(0)), 1200));
+        assert!(is_busy(&looked_again('R', Some(150)), 1200));
+    }
+
+    #[test]
+    fn a_thread_whose_d_wait_was_over_at_the_second_look_is_not_what_the_rank_waits_on() {
+        let mut rank = main_thread('D', None);
+        rank.threads[0].wchan = Some("folio_wait_bit_common".into());
+        assert!(wants_second_look(&rank.threads[0]));
+        assert!(
+            passing_waits(&rank, |_| true).is_empty(),
+            "not looked at again"
+        );
+        rank.threads[0].second_look = Some(SecondLook {
+            after_ms: 200,
+            state: 'S',
+            cpu_ms: Some(0),
+            switched: Some(true),
+        });
+        assert_eq!(passing_waits(&rank, |_| true), [42]);
+        assert!(passing_waits(&rank, |_| false).is_empty());
+        assert_eq!(classify(&rank, 1000).condition, Condition::BlockedInKernel);
+        let passed = classify_passing(&rank, 1000, &[42]);
+        assert_eq!(passed.condition, Condition::Waiting);
+        assert!(!passed.filesystem_wait && passed.fault.is_none());
+        assert_eq!(passed.state, 'D', "the instant's letter is kept as seen");
+        // A thread asleep with its CPU time known is not looked at again; one on a CPU without it is.
+        assert!(!wants_second_look(&main_thread('S', None).threads[0]));
+        assert!(!wants_second_look(&main_thread('R', Some(0)).threads[0]));
+        assert!(wants_second_look(&main_thread('R', None).threads[0]));
     }
 
     #[test]

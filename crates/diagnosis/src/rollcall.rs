@@ -10,7 +10,10 @@ use hangwatch_model::{
 };
 
 use crate::faults::{fault_place, fault_words, shared_file};
-use crate::position::{classify, is_filesystem_file, Condition, FrozenMount, Position};
+use crate::position::{
+    classify, classify_passing, is_filesystem_file, passing_waits, syscall_file, Condition,
+    FrozenMount, Position,
+};
 
 /// One node's roll call in the shape older callers and tests build it; [`roll_call`] turns it into a slice of
 /// one [`NodeObservations`] for [`decide`].
@@ -168,6 +171,8 @@ struct Entry<'a> {
     page_fault: Option<PageFault>,
     /// The reader of a pipe it is blocked writing, when that reader is stuck itself (the next hop).
     stuck_reader: Option<StuckReader>,
+    /// The thread that would have made it blocked in the kernel had the second look not found its D wait over.
+    moment: Option<i32>,
 }
 
 /// A process holding the read end of a pipe a rank is blocked writing, stuck itself (in D, in a filesystem
@@ -346,7 +351,18 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         multi: nodes.len() + nodes_not_seen.len() + nodes_late.len() > 1,
     };
     let entry = |node: usize, process| {
-        let mut position = classify(process, nodes[node].window_ms);
+        let window_ms = nodes[node].window_ms;
+        let mut position = classify(process, window_ms);
+        // A thread seen in D once, whose wait was over a moment later, with nothing it may wait on failing to
+        // answer and no hung-task report: not what makes the process blocked.
+        let passing = passing_waits(process, |t| nothing_unanswered(t, &nodes[node]));
+        let mut moment = None;
+        if !passing.is_empty() {
+            if position.condition == Condition::BlockedInKernel {
+                moment = position.tid.filter(|tid| passing.contains(tid));
+            }
+            position = classify_passing(process, window_ms, &passing);
+        }
         let page_fault = position.fault.as_ref().map(|fault| {
             let (page_fault, file) = fault.resolve(&nodes[node].probes);
             if position.file.is_none() {
@@ -368,7 +384,8 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             position,
             node,
             page_fault,
-            stuck_reader: StuckReader::of(process, nodes[node].window_ms),
+            stuck_reader: StuckReader::of(process, window_ms),
+            moment,
         }
     };
     let mut entries: Vec<Entry> = Vec::new();
@@ -740,6 +757,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
              deadline (a loaded node, not an unreachable one), so its ranks are not in this verdict"
         ));
     }
+    warnings.extend(moment_warnings(&all, &ctx));
     for n in nodes {
         for what in &n.unreadable {
             match &n.node {
@@ -881,11 +899,99 @@ fn group_entries(entries: &[Entry]) -> BTreeMap<(String, char), Vec<usize>> {
     let mut groups: BTreeMap<(String, char), Vec<usize>> = BTreeMap::new();
     for (i, entry) in entries.iter().enumerate() {
         groups
-            .entry((entry.position.where_.clone(), entry.position.state))
+            .entry((entry.position.where_.clone(), group_state(&entry.position)))
             .or_default()
             .push(i);
     }
     groups
+}
+
+/// The state a rank is grouped by: its telling thread's, but a rank that waits and was caught at one instant on a
+/// CPU (charged no CPU for it) or in a D wait the second look found over waits where its peers do: it is no odd
+/// one out for a letter it showed for a moment.
+fn group_state(position: &Position) -> char {
+    match (position.condition, position.state) {
+        (Condition::Waiting, 'R' | 'D') => 'S',
+        (_, state) => state,
+    }
+}
+
+/// Whether nothing that `thread` may wait on failed to answer on its node and no hung-task report of the node's
+/// kernel log names it: the filesystem of the file it is in a call on answered its probe, or, with no such file
+/// (a page fault names none), every mount probed on its node answered.
+fn nothing_unanswered(
+    thread: &hangwatch_model::ThreadObservation,
+    node: &NodeObservations,
+) -> bool {
+    let reported = node.kernel_log.as_ref().is_some_and(|log| {
+        log.hung_tasks
+            .iter()
+            .any(|h| i32::try_from(h.pid).is_ok_and(|pid| pid == thread.tid))
+    });
+    let answered = |p: &ProbeResult| p.responsive == Some(true);
+    let file = syscall_file(thread).filter(|f| is_filesystem_file(f));
+    let probes_answered = match file.map(|f| f.filesystem_key()) {
+        Some(Some(key)) => {
+            let mut its = node
+                .probes
+                .iter()
+                .filter(|p| p.filesystem_key() == Some(key))
+                .peekable();
+            its.peek().is_some() && its.all(answered)
+        }
+        Some(None) => false,
+        None => node.probes.iter().all(answered),
+    };
+    !reported && probes_answered
+}
+
+/// What the second look set aside: each process whose D wait at the roll call was over a moment later, and so
+/// is not taken as blocked in the kernel (at most a few named, the rest counted).
+fn moment_warnings(all: &[Entry], ctx: &Ctx) -> Vec<String> {
+    const NAMED: usize = 4;
+    let moments: Vec<&Entry> = all.iter().filter(|e| e.moment.is_some()).collect();
+    let mut out: Vec<String> = moments
+        .iter()
+        .take(NAMED)
+        .filter_map(|e| {
+            let tid = e.moment?;
+            let thread = e.process.threads.iter().find(|t| t.tid == tid)?;
+            let look = thread.second_look?;
+            let name = thread
+                .name
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
+            let wchan = thread
+                .wchan
+                .as_deref()
+                .map(|w| format!(" in {w}"))
+                .unwrap_or_default();
+            let node = match ctx.node_name(e) {
+                Some(name) if ctx.multi => format!(" on node {name}"),
+                _ => String::new(),
+            };
+            let then = match look.state {
+                'D' => "had run in between".to_string(),
+                'X' => "had exited".to_string(),
+                other => format!("was in {}", state_words(other)),
+            };
+            Some(format!(
+                "{}{node}: thread {tid}{name} was in uninterruptible sleep (D){wchan} at the roll call and {} ms \
+                 later {then}, with no filesystem it may wait on failing to answer and no hung-task report: a \
+                 moment, not taken as blocked in the kernel",
+                e.label(),
+                look.after_ms
+            ))
+        })
+        .collect();
+    if moments.len() > NAMED {
+        out.push(format!(
+            "{} more processes had a thread in D for a moment at the roll call, not taken as blocked in the kernel",
+            moments.len() - NAMED
+        ));
+    }
+    out
 }
 
 fn node_of(entry: &Entry, ctx: &Ctx) -> Option<String> {

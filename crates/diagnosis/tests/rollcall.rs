@@ -2,8 +2,8 @@
 
 use hangwatch_diagnosis::{mounts_to_probe, roll_call, RollCallInput};
 use hangwatch_model::{
-    FileRef, ProbeResult, ProcessObservation, PythonFrame, PythonThread, SyscallObservation,
-    ThreadObservation, VerdictKind, WorkerOf,
+    FileRef, ProbeResult, ProcessObservation, PythonFrame, PythonThread, SecondLook,
+    SyscallObservation, ThreadObservation, VerdictKind, WorkerOf,
 };
 use proptest::prelude::*;
 
@@ -980,4 +980,229 @@ fn the_recorders_of_every_node_are_analysed_together() {
         "{}",
         v.summary
     );
+}
+
+// ---- Issue 34, item 4: a moment is not a state ----
+
+/// A look 250 ms after the second sample.
+fn look(state: char, switched: bool) -> SecondLook {
+    SecondLook {
+        after_ms: 250,
+        state,
+        cpu_ms: Some(0),
+        switched: Some(switched),
+    }
+}
+
+/// Rank 2 deadlocked in `load_batch` while its peers wait in the barrier; rank 0's helper thread `prefetch` was
+/// caught in D in a page fault (`folio_wait_bit_common`, in no system call) on a file it maps from /data, seen
+/// again `second_look` (None: no second look was taken).
+fn diverged_while_a_helper_faults(second_look: Option<SecondLook>) -> Vec<ProcessObservation> {
+    use hangwatch_model::{MappedFile, MappedFiles};
+    let mut procs = ranks(4);
+    procs[2].threads[0] = thread(1002, 'S', "futex_wait_queue", None);
+    procs[2].python = py(&[
+        ("acquire", "/usr/lib/python3.11/threading.py"),
+        ("load_batch", "/work/rank.py"),
+    ]);
+    let mut helper = thread(
+        1010,
+        'D',
+        "folio_wait_bit_common",
+        Some(SyscallObservation::NotInSyscall { pc: Some(0x10) }),
+    );
+    helper.name = Some("prefetch".into());
+    helper.not_running_for_ms = None;
+    helper.kernel_stack = Some(
+        [
+            "folio_wait_bit_common",
+            "filemap_fault",
+            "__do_fault",
+            "handle_mm_fault",
+            "exc_page_fault",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    helper.second_look = second_look;
+    procs[0].threads.push(helper);
+    procs[0].mapped_files = Some(MappedFiles {
+        files: vec![MappedFile {
+            file: FileRef {
+                filesystem: None,
+                path: "/data/shard-0.bin".into(),
+                mount: Some("/data".into()),
+                fstype: Some("ext4".into()),
+                source: None,
+            },
+            ranges: vec![(0x100000, 0x4100000)],
+            code: false,
+        }],
+        unreadable: None,
+    });
+    procs
+}
+
+#[test]
+fn a_helper_thread_in_d_for_a_moment_on_a_mount_that_answers_does_not_outrank_a_diverged_rank() {
+    let procs = diverged_while_a_helper_faults(Some(look('S', true)));
+    assert_eq!(
+        mounts_to_probe(&procs, WINDOW_MS),
+        ["/data"],
+        "the mount of the moment's fault is still probed: its answer is part of the decision"
+    );
+    let v = roll_call(&input(procs, vec![probe("/data", "ext4", true)]));
+    assert_eq!(v.kind, VerdictKind::Diverged, "{}", v.summary);
+    assert_eq!(v.culprits.len(), 1, "{}", v.summary);
+    assert_eq!(v.culprits[0].rank, Some(2));
+    assert!(v.summary.contains("load_batch (rank.py)"), "{}", v.summary);
+    assert!(
+        v.warnings.iter().any(|w| w.starts_with(
+            "rank 0: thread 1010 (prefetch) was in uninterruptible sleep (D) in folio_wait_bit_common at the roll \
+             call and 250 ms later was in sleep (S)"
+        )),
+        "{:?}",
+        v.warnings
+    );
+    // Back in D, but it was woken and ran in between: a new fault, the same moment.
+    let v = roll_call(&input(
+        diverged_while_a_helper_faults(Some(look('D', true))),
+        vec![probe("/data", "ext4", true)],
+    ));
+    assert_eq!(
+        (v.kind, v.culprits[0].rank),
+        (VerdictKind::Diverged, Some(2))
+    );
+}
+
+#[test]
+fn a_wait_in_d_that_lasted_or_a_mount_that_does_not_answer_or_a_hung_task_report_stays_conclusive()
+{
+    let blocked_rank_0 = |v: &hangwatch_model::Verdict| {
+        assert_eq!(v.kind, VerdictKind::BlockedInKernel, "{}", v.summary);
+        assert_eq!(v.culprits[0].rank, Some(0), "{}", v.summary);
+        assert_eq!(v.culprits[0].tid, Some(1010));
+    };
+    // Still in the same wait 250 ms later: not switched, no CPU.
+    blocked_rank_0(&roll_call(&input(
+        diverged_while_a_helper_faults(Some(look('D', false))),
+        vec![probe("/data", "ext4", true)],
+    )));
+    // No second look (an agent that does not take one): the instant is all there is.
+    blocked_rank_0(&roll_call(&input(
+        diverged_while_a_helper_faults(None),
+        vec![probe("/data", "ext4", true)],
+    )));
+    // Over, but the mount it faults on does not answer: a reader of a frozen mount wakes and sleeps again.
+    blocked_rank_0(&roll_call(&input(
+        diverged_while_a_helper_faults(Some(look('D', true))),
+        vec![probe("/data", "ext4", false)],
+    )));
+    // Over, but the kernel reported that thread hung.
+    let mut obs = input(
+        diverged_while_a_helper_faults(Some(look('D', true))),
+        vec![probe("/data", "ext4", true)],
+    )
+    .to_node_observations();
+    obs.kernel_log = Some(hangwatch_kmsg::report_from_text(
+        "[  967.723340] INFO: task prefetch:1010 blocked for more than 120 seconds.\n\
+         [  967.723400]       Not tainted 6.1.0 #1\n\
+         [  967.723410] \"echo 0 > /proc/sys/kernel/hung_task_timeout_secs\" disables this message.\n\
+         [  967.723420] task:prefetch        state:D stack:0     pid:1010  tgid:1000  ppid:1      flags:0x00000000\n\
+         [  967.723430] Call Trace:\n\
+         [  967.723440]  <TASK>\n\
+         [  967.723450]  __schedule+0x2d0/0x8a0\n\
+         [  967.723460]  io_schedule+0x46/0x70\n\
+         [  967.723470]  folio_wait_bit_common+0x13d/0x350\n\
+         [  967.723480]  filemap_fault+0x3c0/0x9d0\n\
+         [  967.723490]  </TASK>\n",
+    ));
+    assert_eq!(
+        obs.kernel_log.as_ref().map(|k| k.hung_tasks.len()),
+        Some(1),
+        "the fixture is a hung-task report"
+    );
+    blocked_rank_0(&hangwatch_diagnosis::decide(&[obs], &Default::default()));
+}
+
+/// The issue's own case: the Flight Recorder says who never joined; a thread caught in D for a moment elsewhere
+/// does not outrank it.
+#[test]
+fn a_moment_in_d_does_not_outrank_the_flight_recorder_naming_who_did_not_join() {
+    let mut obs = with_recorders("missing", &[0, 1, 2]);
+    let mut helper = thread(
+        1010,
+        'D',
+        "folio_wait_bit_common",
+        Some(SyscallObservation::NotInSyscall { pc: Some(0x10) }),
+    );
+    helper.not_running_for_ms = None;
+    helper.second_look = Some(look('R', true));
+    obs.ranks[0].threads.push(helper.clone());
+    let v = hangwatch_diagnosis::decide(&[obs.clone()], &Default::default());
+    assert_eq!(v.kind, VerdictKind::Diverged, "{}", v.summary);
+    assert_eq!(v.culprits.len(), 1);
+    assert_eq!(v.culprits[0].rank, Some(2), "{}", v.summary);
+    assert!(
+        v.summary.starts_with("rank 2 never joined all_reduce #6"),
+        "{}",
+        v.summary
+    );
+    // The same thread still in D a moment later is a wait that lasts: the kernel view leads.
+    obs.ranks[0].threads[1].second_look = Some(look('D', false));
+    let v = hangwatch_diagnosis::decide(&[obs], &Default::default());
+    assert_eq!(v.kind, VerdictKind::BlockedInKernel, "{}", v.summary);
+    assert_eq!(v.culprits[0].rank, Some(0));
+}
+
+/// hangwatch's own thread in a rank (the bootstrap's `hangwatch-rank`) held in D, however long, never makes the
+/// rank blocked in the kernel, nor outranks the rank that diverged (commit dd91f39 for the telling thread; here
+/// for the verdict's ranking).
+#[test]
+fn hangwatchs_own_thread_in_d_never_makes_its_rank_the_culprit() {
+    let mut procs = diverged_while_a_helper_faults(Some(look('D', false)));
+    procs[0].threads[1].name = Some("hangwatch-rank".into());
+    let v = roll_call(&input(procs, vec![probe("/data", "ext4", false)]));
+    assert_eq!(v.kind, VerdictKind::Diverged, "{}", v.summary);
+    assert_eq!(v.culprits.len(), 1);
+    assert_eq!(v.culprits[0].rank, Some(2));
+}
+
+/// The flake of `system_run::deadlocked_rank_is_diverged_in_load_batch`: rank 2 waits in the barrier (a poll that
+/// wakes twice a second) and was caught runnable at the instant of the second sample.
+#[test]
+fn a_waiting_rank_caught_runnable_for_an_instant_is_neither_busy_nor_an_odd_one_out() {
+    let caught = |cpu: Option<u64>, second_look: Option<SecondLook>| {
+        let mut procs = diverged_while_a_helper_faults(None);
+        procs[0].threads.truncate(1);
+        procs[2].threads[0] = thread(1002, 'S', "futex_wait_queue", None);
+        procs[1].threads[0] = ThreadObservation {
+            state: 'R',
+            syscall: Some(SyscallObservation::Running),
+            not_running_for_ms: None,
+            cpu_ms_during_sample: cpu,
+            second_look,
+            ..procs[1].threads[0].clone()
+        };
+        roll_call(&input(procs, vec![]))
+    };
+    let diverged_on_rank_2 = |v: hangwatch_model::Verdict| {
+        assert_eq!(v.kind, VerdictKind::Diverged, "{}", v.summary);
+        assert_eq!(v.culprits.len(), 1, "{}", v.summary);
+        assert_eq!(v.culprits[0].rank, Some(2));
+        assert_eq!(v.groups[0].ranks, [0, 1, 3], "{:?}", v.groups);
+    };
+    // Charged no CPU over the window: waiting, and grouped with its peers whatever letter the instant showed.
+    diverged_on_rank_2(caught(Some(0), None));
+    // No CPU time known for the window (no earlier sample of it): asleep again at the second look, no CPU since.
+    diverged_on_rank_2(caught(None, Some(look('S', true))));
+    // On a CPU again and charged for it: it computes.
+    let spinning = SecondLook {
+        cpu_ms: Some(240),
+        ..look('R', false)
+    };
+    let v = caught(None, Some(spinning));
+    assert_eq!((v.kind, v.culprits[0].rank), (VerdictKind::Busy, Some(1)));
+    // Without a second look the instant is all there is.
+    assert_eq!(caught(None, None).kind, VerdictKind::Busy);
 }
