@@ -14,3 +14,4 @@ pub mod pystack;
 pub mod ranks;
 pub mod reexec;
 pub mod rollcall;
+pub mod second_look;

@@ -1,5 +1,6 @@
 //! A roll call of rank processes on this node: two /proc samples, Python stacks and rank identities read in
-//! throwaway children between them, and probes of the mounts that stuck ranks use. It observes only: the result
+//! throwaway children between them, a second look at the threads whose state was one instant's
+//! ([`crate::second_look`]), and probes of the mounts that stuck ranks use. It observes only: the result
 //! is the node's [`NodeObservations`], and `hangwatch_diagnosis::decide` makes the verdict from those of every
 //! node.
 //!
@@ -246,6 +247,7 @@ pub fn take_roll_call(
     let mut window = Duration::ZERO;
 
     let seconds = in_parallel(&all, |pid| (procfs.sample_process(pid), Instant::now()));
+    let second_at: Vec<Instant> = seconds.iter().map(|(_, at)| *at).collect();
     let mut observations = Vec::with_capacity(first.len());
     for (i, ((pid, first, first_at), (second, second_at))) in
         first.into_iter().zip(seconds).enumerate()
@@ -363,6 +365,9 @@ pub fn take_roll_call(
             }
         }
     }
+
+    // A thread whose state was one instant's (in D, or on a CPU with no CPU time known) is looked at again.
+    crate::second_look::look_again(procfs, &mut observations, &second_at, clk_tck);
 
     let rank_of: HashMap<i32, (Option<u32>, Option<hangwatch_model::RankSource>)> = observations
         .iter()
