@@ -30,6 +30,11 @@ system call), import (DIR on sys.path; each step imports module `hw_mod_STEP` fr
 from a package directory on a shared filesystem would), flock (an exclusive flock on DIR/shared.lock, taken and
 released, as jobs serialise a shared cache or download: a process holding it makes the rank wait).
 
+--prefetch FILE --prefetch-rank R: rank R starts a thread named `prefetch` (a data loader's read-ahead) that reads FILE
+one page at a time through a read-only shared mapping, dropping the file from the page cache before each page: every
+read is a page fault that waits for the device, in D (folio_wait_bit_common) and in no system call, for a moment
+each; on a device the test throttles, nearly all the time, yet never for long.
+
 --only-rank R applies --log, --behaviour, --fs-op and --pause to rank R only, for launchers that give every rank the same
 arguments (`hangwatch run --nproc N`); --pause STEP:SECONDS sleeps before one step (a checkpoint-like pause).
 
@@ -309,6 +314,37 @@ class MappedPage:
         self.libc.munmap(self.addr, self.PAGE)
 
 
+def prefetch(path):
+    """Reads `path` page by page in a thread named `prefetch`, each page a page fault that waits for the device.
+
+    The whole file is dropped from the page cache (unmapped, then POSIX_FADV_DONTNEED) before each page: a large
+    folio that holds the page is only dropped whole. The read is a ctypes memmove, so the fault waits with the GIL
+    released and the rank's main thread steps on meanwhile."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fd = os.open(path, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    page = 4096
+    addr = libc.mmap(None, size, 0x1, 0x01, fd, 0)  # PROT_READ, MAP_SHARED
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        raise OSError(ctypes.get_errno(), "mmap failed: " + os.strerror(ctypes.get_errno()))
+    madv_random, madv_dontneed = 1, 4
+    libc.madvise(addr, size, madv_random)  # no read-ahead: one fault, one read
+    byte = ctypes.create_string_buffer(1)
+
+    def read_pages():
+        n = 0
+        while True:
+            libc.madvise(addr, size, madv_dontneed)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            ctypes.memmove(byte, addr + (n % (size // page)) * page, 1)
+            n += 1
+
+    threading.Thread(target=read_pages, name="prefetch", daemon=True).start()
+
+
 def stall_on_mmap(page, trigger_file):
     triggered = threading.Event()
     signal.signal(signal.SIGUSR1, lambda signum, frame: triggered.set())
@@ -364,6 +400,8 @@ def parse_args():
     p.add_argument("--only-rank", type=int,
                    help="apply --log, --behaviour and --pause to this rank only (when every rank gets the same "
                         "arguments, as under `hangwatch run --nproc N`)")
+    p.add_argument("--prefetch", metavar="FILE", help="a thread of --prefetch-rank reads FILE in page faults (see above)")
+    p.add_argument("--prefetch-rank", type=int, default=0, help="the rank that runs --prefetch")
     p.add_argument("--pause", metavar="STEP:SECONDS",
                    help="sleep SECONDS before step STEP (an irregular step: a checkpoint or an eval)")
     p.add_argument("--checkpoint", help="file rank 0 saves the step to, and every rank resumes from")
@@ -414,6 +452,8 @@ def main():
         import hangwatch
         beat = hangwatch.beat
     fs_op = FsOp(args.fs_op, args.fs_dir) if args.fs_op else None
+    if args.prefetch and args.prefetch_rank == rank:
+        prefetch(args.prefetch)
 
     if args.behaviour == "mmap_stall":
         if not args.mmap_file:

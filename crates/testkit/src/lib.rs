@@ -30,6 +30,7 @@ mod postgres;
 mod procinfo;
 mod ranks;
 mod receiver;
+mod throttle;
 mod watchdog;
 
 use std::time::{Duration, Instant};
@@ -50,6 +51,7 @@ pub use ranks::{
     RankGroupBuilder, RankOptions, TORCH_VENV,
 };
 pub use receiver::AlertReceiver;
+pub use throttle::ReadThrottle;
 
 /// Polls `condition` every `poll` until it is true (returns `true`) or `timeout` passes (returns `false`).
 pub fn wait_until(timeout: Duration, poll: Duration, mut condition: impl FnMut() -> bool) -> bool {
