@@ -20,9 +20,9 @@ struct Cli {
     /// More log output on stderr (-v: debug, -vv: trace). `HANGWATCH_LOG` (tracing filter syntax) overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
-    /// Read this configuration file instead of /etc/hangwatch/config.toml (docs/configuration.md); before the
-    /// command's name.
-    #[arg(long, value_name = "FILE", env = "HANGWATCH_CONFIG")]
+    /// Read this configuration file instead of /etc/hangwatch/config.toml (docs/configuration.md); before or
+    /// after the command's name.
+    #[arg(long, value_name = "FILE", env = "HANGWATCH_CONFIG", global = true)]
     config: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
@@ -292,6 +292,90 @@ mod tests {
         ] {
             assert!(seen.contains(wanted), "{wanted} missing from {seen:?}");
         }
+    }
+
+    /// Every command's path from the root (`["token", "new"]`), helpers and nested commands included.
+    fn command_paths(command: &clap::Command, above: &[String], out: &mut Vec<Vec<String>>) {
+        for sub in command.get_subcommands() {
+            let mut path = above.to_vec();
+            path.push(sub.get_name().to_string());
+            out.push(path.clone());
+            command_paths(sub, &path, out);
+        }
+    }
+
+    #[test]
+    fn the_global_options_are_taken_before_or_after_every_commands_name() {
+        let root = Cli::command();
+        root.clone().debug_assert();
+        let mut paths = Vec::new();
+        command_paths(&root, &[], &mut paths);
+        assert!(paths.len() > 20, "{paths:?}");
+        let globals: Vec<&clap::Arg> = root.get_arguments().filter(|a| a.is_global_set()).collect();
+        let longs: Vec<&str> = globals.iter().filter_map(|a| a.get_long()).collect();
+        assert_eq!(longs, ["verbose", "config"]);
+        let mut stack: Vec<&clap::Command> = root.get_subcommands().collect();
+        while let Some(command) = stack.pop() {
+            for arg in command.get_arguments() {
+                assert!(
+                    !arg.get_long().is_some_and(|l| longs.contains(&l))
+                        && arg.get_short() != Some('v'),
+                    "`hangwatch {}` has its own --{:?}: it would clash with hangwatch's global option",
+                    command.get_name(),
+                    arg.get_long()
+                );
+            }
+            stack.extend(command.get_subcommands());
+        }
+        for path in &paths {
+            let line = |tail: &[&str]| {
+                let mut line = vec!["hangwatch".to_string()];
+                line.extend(path.iter().cloned());
+                line.extend(tail.iter().map(|t| t.to_string()));
+                line
+            };
+            // Parsed as far as the line goes (a required argument may be missing): --config is hangwatch's.
+            let matches = root
+                .clone()
+                .ignore_errors(true)
+                .try_get_matches_from(line(&["--config", "/site/c.toml", "-v"]))
+                .unwrap_or_else(|e| panic!("hangwatch {} --config FILE: {e}", path.join(" ")));
+            assert_eq!(
+                matches.get_one::<std::path::PathBuf>("config"),
+                Some(&std::path::PathBuf::from("/site/c.toml")),
+                "hangwatch {}",
+                path.join(" ")
+            );
+            assert_eq!(
+                matches.get_count("verbose"),
+                1,
+                "hangwatch {}",
+                path.join(" ")
+            );
+            let help = root
+                .clone()
+                .try_get_matches_from(line(&["--config", "/site/c.toml", "--help"]))
+                .expect_err("help");
+            assert_eq!(
+                help.kind(),
+                clap::error::ErrorKind::DisplayHelp,
+                "hangwatch {} --config FILE --help: {help}",
+                path.join(" ")
+            );
+        }
+        let cli = Cli::try_parse_from(["hangwatch", "node", "--config", "/site/n.toml"]).unwrap();
+        assert_eq!(cli.config, Some(std::path::PathBuf::from("/site/n.toml")));
+        let cli = Cli::try_parse_from([
+            "hangwatch",
+            "run",
+            "--config=/site/r.toml",
+            "--",
+            "true",
+            "--config",
+            "job.toml",
+        ])
+        .unwrap();
+        assert_eq!(cli.config, Some(std::path::PathBuf::from("/site/r.toml")));
     }
 
     #[test]

@@ -201,6 +201,87 @@ fn a_bad_file_is_refused_with_its_line_and_what_is_expected_before_the_job_start
         .contains("absent.toml (--config or HANGWATCH_CONFIG) does not exist"));
 }
 
+/// Issue 36: `hangwatch node --config FILE` was refused ("unexpected argument '--config'"): `--config` is taken
+/// after the command's name as before it, the file is applied, and the job's own `--config` stays the job's.
+#[test]
+fn config_after_the_commands_name_is_applied_and_the_jobs_own_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let user_dir = dir.path().join("user");
+    let system = dir.path().join("site.toml");
+    let log = dir.path().join("job.log");
+    write(
+        &system,
+        &format!("[run]\nlog_file = \"{}\"\nquiet = true\n", log.display()),
+    );
+    let out = succeeds({
+        let mut cmd = hangwatch();
+        cmd.env("XDG_CONFIG_HOME", &user_dir)
+            .env_remove("HANGWATCH_CONFIG")
+            .arg("run")
+            .arg("--config")
+            .arg(&system)
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "echo configured-after-the-name",
+                "job",
+                "--config",
+                "job.toml",
+            ]);
+        cmd
+    });
+    let written = std::fs::read_to_string(&log).unwrap_or_else(|e| {
+        panic!(
+            "the file's log_file was not applied ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(written.contains("configured-after-the-name"), "{written}");
+
+    // A bad file named after the command's name is read, and refused as one before it.
+    write(&system, "[run]\naction = \"kill\"\n");
+    for command in ["run", "node"] {
+        let mut cmd = hangwatch();
+        cmd.env("XDG_CONFIG_HOME", &user_dir)
+            .env_remove("HANGWATCH_CONFIG")
+            .arg(command)
+            .arg(format!("--config={}", system.display()));
+        if command == "run" {
+            cmd.args(["--", "/bin/true"]);
+        }
+        let out = cmd.stdin(Stdio::null()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{} line 2: action", system.display())),
+            "{command}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("unexpected argument"),
+            "{command}: {stderr}"
+        );
+    }
+
+    // `hangwatch node --config FILE --help` is help, not a usage error.
+    write(&system, "[run]\nquiet = true\n");
+    let out = succeeds({
+        let mut cmd = hangwatch();
+        cmd.env("XDG_CONFIG_HOME", &user_dir)
+            .env_remove("HANGWATCH_CONFIG")
+            .arg("node")
+            .arg("--config")
+            .arg(&system)
+            .arg("--help");
+        cmd
+    });
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("--config <FILE>"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 #[test]
 fn a_user_file_on_a_stopped_filesystem_is_skipped_within_the_deadline_and_run_goes_on() {
     let backing = tempfile::tempdir().unwrap();

@@ -10,6 +10,7 @@ mod read;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use clap::parser::ValueSource;
 use clap::Command;
 
 pub use file::ConfigFile;
@@ -43,11 +44,12 @@ pub struct Loaded {
 /// Which files to read: the one `--config` or `HANGWATCH_CONFIG` names (it must exist) or the system's, then the
 /// user's. `explicit` is true when the first was named.
 pub fn candidates(
+    root: &Command,
     argv: &[OsString],
     env: &dyn Fn(&str) -> Option<String>,
 ) -> (PathBuf, bool, Option<PathBuf>) {
-    let named =
-        config_flag(argv).or_else(|| env(CONFIG_ENV).filter(|v| !v.is_empty()).map(PathBuf::from));
+    let named = config_flag(root, argv)
+        .or_else(|| env(CONFIG_ENV).filter(|v| !v.is_empty()).map(PathBuf::from));
     let user = env("XDG_CONFIG_HOME")
         .filter(|d| d.starts_with('/'))
         .map(PathBuf::from)
@@ -63,24 +65,44 @@ pub fn candidates(
     }
 }
 
-/// `--config FILE` or `--config=FILE` among the options before the command's name (it is an option of
-/// hangwatch itself, so nothing after the command's name is looked at: that may be the job's own `--config`).
-fn config_flag(argv: &[OsString]) -> Option<PathBuf> {
-    let mut args = argv.iter().skip(1);
-    while let Some(arg) = args.next() {
-        let text = arg.to_string_lossy();
-        if text == "--config" {
-            return args.next().map(PathBuf::from);
-        }
-        if let Some(value) = text.strip_prefix("--config=") {
-            return Some(PathBuf::from(value));
-        }
-        if !text.starts_with('-') || text == "--" {
-            return None;
-        }
+/// The id of hangwatch's own `--config` option (a global option: before or after the command's name).
+pub const CONFIG_ARG: &str = "config";
+
+/// `--config FILE` or `--config=FILE` as `root` parses `argv`: before the command's name or after it, among the
+/// command's options, never among the job's own arguments (`run -- python train.py --config x`), which `root`
+/// takes as values. The files are read before the real parse (their values become the options' defaults), so
+/// this parse is a lenient one: a required option that a file will give, or a bad value, does not hide
+/// `--config`. A request for help or the version stops clap before the matches: it is parsed again without it.
+fn config_flag(root: &Command, argv: &[OsString]) -> Option<PathBuf> {
+    let lenient = |argv: &[OsString]| {
+        let matches = root
+            .clone()
+            .ignore_errors(true)
+            .try_get_matches_from(argv)
+            .ok()?;
+        let from_line = matches.value_source(CONFIG_ARG) == Some(ValueSource::CommandLine);
+        from_line
+            .then(|| matches.get_raw(CONFIG_ARG)?.next().map(PathBuf::from))
+            .flatten()
+    };
+    if let Some(named) = lenient(argv) {
+        return Some(named);
+    }
+    let end = argv.iter().position(|a| a == "--").unwrap_or(argv.len());
+    let without_help: Vec<OsString> = argv[..end]
+        .iter()
+        .filter(|a| !HELP_AND_VERSION.iter().any(|h| a.as_os_str() == *h))
+        .chain(&argv[end..])
+        .cloned()
+        .collect();
+    if without_help.len() < argv.len() {
+        return lenient(&without_help);
     }
     None
 }
+
+/// clap's own flags that end a parse before it has matches.
+const HELP_AND_VERSION: &[&str] = &["-h", "--help", "-V", "--version"];
 
 /// Reads and checks the configuration for `root` (hangwatch's command tree) and applies it: every public
 /// command's option gets its variable, and the files' values become its defaults. A usage error (exit 2) for a
@@ -92,7 +114,7 @@ pub fn load(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> anyhow::Result<Loaded> {
     let root = with_environment_names(root);
-    let (system, explicit, user) = candidates(argv, env);
+    let (system, explicit, user) = candidates(&root, argv, env);
     let mut paths = vec![system.clone()];
     paths.extend(user.filter(|u| *u != system));
     let mut files = Vec::new();
@@ -136,13 +158,47 @@ mod tests {
         args.iter().map(OsString::from).collect()
     }
 
+    /// hangwatch's shape, as far as `--config` goes: a global option, a command whose trailing arguments are the
+    /// job's, one with a required argument, one with a nested command.
+    fn root() -> Command {
+        use clap::{Arg, ArgAction};
+        Command::new("hangwatch")
+            .arg(
+                Arg::new(CONFIG_ARG)
+                    .long("config")
+                    .env(CONFIG_ENV)
+                    .global(true),
+            )
+            .arg(
+                Arg::new("verbose")
+                    .short('v')
+                    .action(ArgAction::Count)
+                    .global(true),
+            )
+            .subcommand(
+                Command::new("run")
+                    .arg(Arg::new("nproc").long("nproc"))
+                    .arg(
+                        Arg::new("command")
+                            .num_args(1..)
+                            .trailing_var_arg(true)
+                            .allow_hyphen_values(true),
+                    ),
+            )
+            .subcommand(Command::new("node"))
+            .subcommand(Command::new("probe").arg(Arg::new("path").required(true)))
+            .subcommand(Command::new("token").subcommand(Command::new("new").arg(Arg::new("file"))))
+    }
+
     #[test]
     fn the_named_file_replaces_the_systems_and_the_jobs_own_config_flag_is_left_alone() {
         let env = |k: &str| match k {
             "HOME" => Some("/home/u".to_string()),
             _ => None,
         };
+        let root = root();
         let (system, explicit, user) = candidates(
+            &root,
             &argv(&["hangwatch", "run", "--", "python", "--config", "x"]),
             &env,
         );
@@ -151,12 +207,23 @@ mod tests {
             user,
             Some(PathBuf::from("/home/u/.config/hangwatch/config.toml"))
         );
+        let (system, _, _) = candidates(
+            &root,
+            &argv(&["hangwatch", "run", "python", "train.py", "--config", "x"]),
+            &env,
+        );
+        assert_eq!(system, PathBuf::from(SYSTEM_FILE));
         let (system, explicit, _) = candidates(
+            &root,
             &argv(&["hangwatch", "-v", "--config", "/s/c.toml", "run"]),
             &env,
         );
         assert_eq!((system, explicit), (PathBuf::from("/s/c.toml"), true));
-        let (system, _, _) = candidates(&argv(&["hangwatch", "--config=/s/d.toml", "run"]), &env);
+        let (system, _, _) = candidates(
+            &root,
+            &argv(&["hangwatch", "--config=/s/d.toml", "run"]),
+            &env,
+        );
         assert_eq!(system, PathBuf::from("/s/d.toml"));
 
         let env = |k: &str| match k {
@@ -164,8 +231,62 @@ mod tests {
             "HANGWATCH_CONFIG" => Some("/e.toml".to_string()),
             _ => None,
         };
-        let (system, explicit, user) = candidates(&argv(&["hangwatch", "run"]), &env);
+        let (system, explicit, user) = candidates(&root, &argv(&["hangwatch", "run"]), &env);
         assert_eq!((system, explicit), (PathBuf::from("/e.toml"), true));
         assert_eq!(user, Some(PathBuf::from("/x/hangwatch/config.toml")));
+    }
+
+    #[test]
+    fn config_after_the_commands_name_is_hangwatchs_own() {
+        let env = |_: &str| None;
+        let root = root();
+        for (line, named) in [
+            (
+                &["hangwatch", "node", "--config", "/s/n.toml"][..],
+                "/s/n.toml",
+            ),
+            (&["hangwatch", "node", "--config=/s/n.toml"], "/s/n.toml"),
+            (
+                &[
+                    "hangwatch",
+                    "run",
+                    "--nproc",
+                    "2",
+                    "--config",
+                    "/s/r.toml",
+                    "--",
+                    "true",
+                ],
+                "/s/r.toml",
+            ),
+            // A required argument the line lacks, and a request for help, do not hide it.
+            (
+                &["hangwatch", "probe", "--config", "/s/p.toml"],
+                "/s/p.toml",
+            ),
+            (
+                &["hangwatch", "node", "--config", "/s/h.toml", "--help"],
+                "/s/h.toml",
+            ),
+            (
+                &["hangwatch", "token", "new", "--config", "/s/t.toml", "f"],
+                "/s/t.toml",
+            ),
+            // After the command's name, it wins over one before it, as clap's global options do.
+            (
+                &[
+                    "hangwatch",
+                    "--config",
+                    "/s/a.toml",
+                    "node",
+                    "--config",
+                    "/s/b.toml",
+                ],
+                "/s/b.toml",
+            ),
+        ] {
+            let (system, explicit, _) = candidates(&root, &argv(line), &env);
+            assert_eq!((system, explicit), (PathBuf::from(named), true), "{line:?}");
+        }
     }
 }
