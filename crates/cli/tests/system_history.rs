@@ -1,6 +1,7 @@
 //! The node's verdict history as an admin meets it: two real hangs with the same cause (rank 0's log on an ext4
 //! that freezes, a new loop mount each time), one after the other on this machine; the second verdict says the
-//! cause was seen before, and `hangwatch history` lists both as one recurring cause. One hang looked at twice by the
+//! cause was seen before, and `hangwatch history` lists both as one recurring cause; two unrelated hangs whose only
+//! common trait is a futex wait are not. One hang looked at twice by the
 //! loop is one row. A real hang's verdict reaches the fleet database (a PostgreSQL server of the test's own) only
 //! through verified TLS, set up by the site's configuration file; against a server without TLS it stays local
 //! and says what to do.
@@ -59,6 +60,11 @@ fn the_same_cause_twice_is_a_recurrence_in_the_verdict_and_in_hangwatch_history(
     let recurrence = &second.json["recurrence"];
     assert_eq!(recurrence["seen_before"], 1, "{}", second.describe());
     assert_eq!(
+        recurrence.get("placeless"),
+        None,
+        "a frozen mount is a place"
+    );
+    assert_eq!(
         recurrence["fingerprint"],
         first.json["recurrence"]["fingerprint"]
     );
@@ -110,6 +116,56 @@ fn the_same_cause_twice_is_a_recurrence_in_the_verdict_and_in_hangwatch_history(
     );
     assert!(shown.contains("write"), "{shown}");
     assert!(shown.contains('2'), "{shown}");
+}
+
+/// Issue 36: two unrelated hangs whose ranks wait in a futex, with no file and no mount (a lock taken twice in one
+/// job, an event never set in another, at two places of their code), are not one cause: the second verdict says
+/// nothing of the first, its recurrence is marked placeless, and the history lists two causes.
+#[test]
+fn two_unrelated_futex_only_hangs_are_not_a_recurrence() {
+    let py = require!(python());
+    let state = tempfile::tempdir().unwrap();
+    let hang = |code: &str| {
+        let mut cmd = hangwatch();
+        cmd.env("HANGWATCH_STATE_DIR", state.path());
+        let job = vec![py.display().to_string(), "-c".to_string(), code.to_string()];
+        let mut run = HangwatchRun::start_in(
+            cmd,
+            &["--nproc", "2", "--stall-after", "5s", "--quiet"],
+            &job,
+        );
+        let done = run.finish(Duration::from_secs(60));
+        done.assert_code(75);
+        (run, done)
+    };
+    let (_a, first) =
+        hang("import threading\nlock = threading.Lock()\nlock.acquire()\nlock.acquire()\n");
+    let (_b, second) = hang(
+        "import threading\ndef wait_for_data():\n    threading.Event().wait()\nwait_for_data()\n",
+    );
+    for done in [&first, &second] {
+        let recurrence = &done.json["recurrence"];
+        assert_eq!(recurrence["seen_before"], 0, "{}", done.describe());
+        assert_eq!(recurrence["placeless"], true, "{}", done.describe());
+        assert!(!done.stderr.contains("was seen"), "{}", done.stderr);
+    }
+    assert_ne!(
+        first.json["recurrence"]["fingerprint"],
+        second.json["recurrence"]["fingerprint"]
+    );
+    let history = hangwatch()
+        .args(["history", "--json"])
+        .env("HANGWATCH_STATE_DIR", state.path())
+        .output()
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&history.stdout).unwrap();
+    let entries = listed["verdicts"]
+        .as_array()
+        .unwrap_or_else(|| panic!("history --json: {listed:#}"));
+    assert_eq!(entries.len(), 2, "{listed:#}");
+    for entry in entries {
+        assert_eq!(entry["count"], 1, "{entry:#}");
+    }
 }
 
 /// A hang the loop looks at twice (past the soft threshold, where sleeping ranks are not conclusive, then past the

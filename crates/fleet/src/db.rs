@@ -532,6 +532,7 @@ impl FleetDb {
             mount: verdict.fields.mount.clone(),
             incident,
             fleet_unavailable: None,
+            placeless: hangwatch_history::is_placeless_key(&verdict.fingerprint),
         })
     }
 
@@ -706,5 +707,6 @@ fn fingerprint_at(row: &postgres::Row, kind: usize, first: usize) -> Fingerprint
         mount: row.get(first + 2),
         kernel_wait: row.get(first + 3),
         python_frame: row.get(first + 4),
+        collective: None,
     }
 }

@@ -129,6 +129,7 @@ mod tests {
                 mount: Some("/gpfs".into()),
                 kernel_wait: None,
                 python_frame: None,
+                collective: None,
             },
             mount_point: Some("/gpfs".into()),
             mount_source: None,

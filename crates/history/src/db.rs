@@ -15,7 +15,7 @@ use hangwatch_safefs::{PrivateDir, SafeFsError};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 use serde::Serialize;
 
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{is_placeless_key, record_key, Fingerprint};
 use hangwatch_model::{utc_time, Recurrence};
 
 /// How long a recording or a listing waits for another process's write to finish.
@@ -338,7 +338,14 @@ impl HistoryDb {
     /// [`HistoryDb::record`], with the new row's id. The row waits to be shipped to the fleet database
     /// ([`HistoryDb::pending`]).
     pub fn record_entry(&mut self, entry: &NewEntry<'_>) -> Result<Recorded, HistoryError> {
-        let key = entry.fingerprint.key();
+        let key = record_key(
+            entry.verdict,
+            &entry.node,
+            entry.job_id.as_deref(),
+            entry.bundle.as_deref(),
+            entry.at_unix_s,
+        );
+        let placeless = is_placeless_key(&key);
         let culprit_nodes = culprit_nodes(entry);
         let path = self.path.clone();
         let err = |source| HistoryError::Query {
@@ -419,6 +426,7 @@ impl HistoryDb {
             node: Some(entry.node.clone()),
             at_unix_s: Some(entry.at_unix_s),
             mount: entry.fingerprint.mount.clone(),
+            placeless,
             ..Recurrence::default()
         };
         Ok(Recorded { id, recurrence })
@@ -455,6 +463,7 @@ impl HistoryDb {
                     mount: row.get(6)?,
                     kernel_wait: row.get(7)?,
                     python_frame: row.get(8)?,
+                    collective: None,
                 };
                 Ok(PendingVerdict {
                     id: row.get(0)?,
@@ -534,6 +543,7 @@ impl HistoryDb {
                     mount: row.get(7)?,
                     kernel_wait: row.get(8)?,
                     python_frame: row.get(9)?,
+                    collective: None,
                 };
                 let at_unix_s: f64 = row.get(1)?;
                 Ok(HistoryEntry {
@@ -582,6 +592,7 @@ impl HistoryDb {
                     mount: row.get(4)?,
                     kernel_wait: row.get(5)?,
                     python_frame: row.get(6)?,
+                    collective: None,
                 };
                 Ok(CauseSummary {
                     fingerprint: row.get(0)?,
@@ -723,6 +734,78 @@ mod tests {
             ))
             .unwrap();
         assert_eq!(other.seen_before, 0);
+    }
+
+    #[test]
+    fn unrelated_futex_only_hangs_are_not_a_recurrence() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut db = HistoryDb::open(&dir.path().join("h.sqlite")).unwrap();
+        let (podman, trainer) = (
+            fixture("podman-client-futex.json"),
+            fixture("native-trainer-futex.json"),
+        );
+        let first = db.record(&entry(&trainer, "n1", T0)).unwrap();
+        let second = db.record(&entry(&podman, "n1", T0 + 60.0)).unwrap();
+        let again = db.record(&entry(&podman, "n1", T0 + 120.0)).unwrap();
+        for r in [&first, &second, &again] {
+            assert_eq!(r.seen_before, 0, "{r:?}");
+            assert!(r.placeless, "{r:?}");
+            assert_eq!(r.news(), None);
+            assert!(r.sentence().starts_with("not compared"), "{}", r.sentence());
+        }
+        assert_ne!(second.fingerprint, again.fingerprint);
+        let listed = db.list(&Query::default()).unwrap();
+        assert_eq!(
+            listed.iter().map(|e| e.count).collect::<Vec<_>>(),
+            [1, 1, 1]
+        );
+        assert_eq!(listed[0].cause, "futex(), waiting in futex_do_wait");
+        assert_eq!(db.by_fingerprint(&Query::default()).unwrap().len(), 3);
+        // A hang with a place is still compared, and not with these.
+        let frozen = db
+            .record(&entry(&fixture("blocked-write-n1.json"), "n1", T0 + 180.0))
+            .unwrap();
+        assert_eq!(frozen.seen_before, 0);
+        assert!(!frozen.placeless);
+    }
+
+    #[test]
+    fn old_rows_keep_their_keys_a_placed_cause_still_matches_a_placeless_one_never_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.sqlite");
+        let mut db = HistoryDb::open(&path).unwrap();
+        // Rows as an earlier hangwatch wrote them: every verdict under the key of its fields.
+        let (frozen, podman) = (
+            fixture("blocked-write-n1.json"),
+            fixture("podman-client-futex.json"),
+        );
+        for (verdict, at) in [(&frozen, T0), (&podman, T0 + 1.0)] {
+            db.conn
+                .execute(
+                    "INSERT INTO verdicts (at_unix_s, fingerprint, kind, syscall, summary, node)
+                     VALUES (?1, ?2, ?3, ?4, ?5, 'n1')",
+                    params![
+                        at,
+                        Fingerprint::of(verdict).key(),
+                        verdict.kind.as_str(),
+                        Fingerprint::of(verdict).syscall,
+                        verdict.summary
+                    ],
+                )
+                .unwrap();
+        }
+        assert_eq!(
+            db.record(&entry(&frozen, "n2", T0 + 10.0))
+                .unwrap()
+                .seen_before,
+            1
+        );
+        assert_eq!(
+            db.record(&entry(&podman, "n2", T0 + 20.0))
+                .unwrap()
+                .seen_before,
+            0
+        );
     }
 
     #[test]

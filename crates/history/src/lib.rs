@@ -12,7 +12,9 @@ pub use db::{
     CauseSummary, HistoryDb, HistoryEntry, HistoryError, NewEntry, PendingVerdict, Query, Recorded,
     BUSY_TIMEOUT, SCHEMA_VERSION,
 };
-pub use fingerprint::{normalize_mount, Fingerprint};
+pub use fingerprint::{
+    is_bare_wait, is_placeless_key, normalize_mount, record_key, Fingerprint, PLACELESS_KEY_PREFIX,
+};
 pub use hangwatch_model::{utc_time, Recurrence, RecurrenceSource};
 pub use request::{record_child_main, FleetTarget, HistoryRequest};
 

@@ -61,6 +61,11 @@ pub struct Recurrence {
     /// Why the fleet database did not answer when one is set (the recurrence is then the node's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet_unavailable: Option<String>,
+    /// The verdict names no place of its culprit (no file, mount, meaningful kernel wait, own Python frame or
+    /// collective): it was recorded, but compared with no earlier verdict (`seen_before` is 0), since a bare
+    /// `futex()` wait is not a cause.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub placeless: bool,
 }
 
 /// One earlier verdict with the same cause, somewhere in the fleet.
@@ -135,6 +140,9 @@ impl Recurrence {
     }
 
     fn local_sentence(&self) -> String {
+        if self.placeless {
+            return PLACELESS_SENTENCE.to_string();
+        }
         let (Some(last), true) = (self.last_at_unix_s, self.seen_before > 0) else {
             return "first time this cause is seen on this machine".to_string();
         };
@@ -158,6 +166,9 @@ impl Recurrence {
     }
 
     fn fleet_sentence(&self) -> String {
+        if self.placeless {
+            return PLACELESS_SENTENCE.to_string();
+        }
         if self.seen_before == 0 {
             return "first time this cause is seen in the fleet".to_string();
         }
@@ -251,6 +262,10 @@ impl IncidentMember {
         }
     }
 }
+
+/// What the sentence says of a verdict without a place.
+const PLACELESS_SENTENCE: &str =
+    "not compared with earlier hangs: the culprit has no place (no file, mount, collective or stack frame)";
 
 /// `5 h ago` counted from `now`, else the UTC time.
 fn when(at_unix_s: f64, now_unix_s: Option<f64>) -> String {
@@ -359,12 +374,37 @@ mod tests {
     }
 
     #[test]
+    fn a_verdict_without_a_place_is_compared_with_nothing_and_tells_nothing() {
+        let local = Recurrence {
+            fingerprint: "noplace-0123456789abcdef".into(),
+            placeless: true,
+            ..Recurrence::default()
+        };
+        assert!(local
+            .sentence()
+            .starts_with("not compared with earlier hangs"));
+        assert_eq!(local.news(), None);
+        let fleet = Recurrence {
+            placeless: true,
+            ..fleet(0, Vec::new())
+        };
+        assert!(fleet
+            .sentence()
+            .starts_with("not compared with earlier hangs"));
+        let json = serde_json::to_value(&local).expect("json");
+        assert_eq!(json["placeless"], true);
+        let placed = serde_json::to_value(Recurrence::default()).expect("json");
+        assert!(placed.get("placeless").is_none(), "{placed}");
+    }
+
+    #[test]
     fn an_old_document_reads_as_a_local_recurrence() {
         let old = r#"{"fingerprint":"k","seen_before":1,"last_nodes":["n1"],"last_at_unix_s":1796026200.0,
             "first_at_unix_s":1796026200.0}"#;
         let r: Recurrence = serde_json::from_str(old).expect("an old recurrence");
         assert_eq!(r.source, RecurrenceSource::Local);
         assert_eq!(r.incident, None);
+        assert!(!r.placeless);
         assert_eq!(
             r.sentence(),
             "seen 1 time before, on node n1 on 2026-11-30 08:10:00 UTC"
