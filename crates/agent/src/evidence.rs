@@ -7,7 +7,8 @@
 //!   verdict.txt         the same for people
 //!   ranks.json          every rank's full observation (threads, wchan, syscall, stacks)
 //!   probes.json         filesystem probes
-//!   thresholds.json     the stall threshold in force and how it was learned
+//!   thresholds.json     the stall threshold in force and how it was learned; the run's holds (stalls not ended
+//!                       because the ranks worked) and why a verdict that came late waited
 //!   progress.json       progress over time up to the roll call (the report's timeline)
 //!   kernel-log.txt      kernel-log lines since the job started (only those about the job when a root watcher
 //!                       keeps another user's evidence); kernel-report.json: what they say
@@ -59,7 +60,8 @@ pub const BUNDLE_FILES: &[&str] = &[
     "output",
 ];
 
-/// `thresholds.json`: the stall threshold in force when the roll call was taken, and how it was learned.
+/// `thresholds.json`: the stall threshold in force when the roll call was taken, and how it was learned; the holds
+/// of the run so far; why the verdict came late (written again at the end of a run that held or came late).
 #[derive(Debug, Clone, Serialize)]
 pub struct ThresholdsRecord {
     pub stalled_for_s: f64,
@@ -70,6 +72,11 @@ pub struct ThresholdsRecord {
     pub samples: usize,
     pub progress_source: Option<ProgressSource>,
     pub config: DetectorSettings,
+    /// The holds of the run so far (ranks seen working without progress, the job not ended for it), one per
+    /// stall, with what was seen working and how each ended.
+    pub holds: Vec<crate::stall_log::HoldRecord>,
+    /// Why the verdict that ended the job came later than its threshold (plus a few seconds), when it did.
+    pub late: Option<crate::stall_log::LateRecord>,
 }
 
 /// The detector's settings, in seconds.
@@ -105,6 +112,8 @@ impl ThresholdsRecord {
                 max_factor: config.max_factor,
                 soft_fraction: config.soft_fraction,
             },
+            holds: Vec::new(),
+            late: None,
         }
     }
 }

@@ -25,6 +25,7 @@ pub mod render;
 mod run_config;
 mod sampler;
 mod sources;
+pub mod stall_log;
 pub mod supervise;
 pub mod sys;
 pub mod terminate;

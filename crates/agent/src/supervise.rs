@@ -179,6 +179,12 @@ struct Supervisor {
     collectives: Option<Arc<crate::collectives::CollectivesDesk>>,
     /// The causes this run recorded in the history: one row per cause and run.
     recorded: crate::history::RecordedThisRun,
+    /// The looks of the current stall and the holds of the run (`thresholds.json`, the words of a late verdict).
+    stall_log: crate::stall_log::StallLog,
+    /// The `thresholds.json` last handed to a roll call's evidence: written again at the end with the holds.
+    kept_thresholds: Option<ThresholdsRecord>,
+    /// Why the verdict that ended the job came late, when it did.
+    late: Option<crate::stall_log::LateRecord>,
 }
 
 /// Runs the job to its end. Never returns while a rank it can still end is alive, and never waits on one it
@@ -335,6 +341,8 @@ impl Supervisor {
                     None => {}
                 }
                 let active = verdict.activity.is_some();
+                let stalled_for = self.detector.stalled_for(self.now());
+                self.stall_log.look_finished(trigger, stalled_for, active);
                 // Before any threshold (the fast path): only a mount that does not answer (or a stopped rank) will do.
                 let conclusive = hangwatch_diagnosis::acts_on(
                     &verdict,
@@ -509,6 +517,7 @@ impl Supervisor {
         for action in actions {
             match action {
                 Action::Say(notice) => {
+                    self.record_notice(&notice);
                     say(self.notice_text(&notice));
                 }
                 Action::RollCall(Trigger::Ordered) => self.start_ordered_evidence(),
@@ -525,6 +534,43 @@ impl Supervisor {
             }
         }
         None
+    }
+
+    /// Keeps what a notice says about a hold; before the job is ended, says why the verdict came late when it did.
+    fn record_notice(&mut self, notice: &Notice) {
+        use crate::stall_log::HoldEnd;
+        let now = self.now();
+        match notice {
+            Notice::Computing => {
+                if let Some(activity) = self.last_verdict.as_ref().and_then(|v| v.activity.clone())
+                {
+                    let stalled_for = self.detector.stalled_for(now);
+                    self.stall_log
+                        .hold_said(now, unix_now(), stalled_for, activity);
+                }
+            }
+            Notice::ProgressResumed => self.stall_log.progress(now),
+            Notice::WorkStopped => self.stall_log.hold_ended(now, HoldEnd::WorkStopped),
+            Notice::MaxStallPassed => self.stall_log.hold_ended(now, HoldEnd::MaxStall),
+            Notice::EndingJob { .. } => {
+                self.stall_log.ending(now);
+                let threshold = self.detector.threshold();
+                let due = match self.stall_log.looks().last().map(|l| l.trigger) {
+                    Some(Trigger::Soft) => threshold.soft,
+                    _ => threshold.hard,
+                };
+                self.late = crate::stall_log::late(
+                    due,
+                    self.stall_log.looks(),
+                    self.stall_log.last_hold_words(),
+                    activity_rule(&self.config.detector).recheck,
+                );
+                if let Some(late) = &self.late {
+                    say(format!("hangwatch: {}", late.words));
+                }
+            }
+            _ => {}
+        }
     }
 
     fn notice_text(&self, notice: &Notice) -> String {

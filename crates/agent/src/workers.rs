@@ -10,7 +10,7 @@ use hangwatch_model::Verdict;
 use nix::sys::signal::Signal;
 
 use crate::events::{Event, Investigation};
-use crate::evidence::{verdict_files, write_abandonable};
+use crate::evidence::{verdict_files, write_abandonable, EvidenceFile, ThresholdsRecord};
 use crate::investigation::EVIDENCE_DEADLINE;
 use crate::policy::Trigger;
 use crate::sampler::JobProc;
@@ -38,6 +38,8 @@ pub(crate) trait Workers {
     /// Writes the verdict files again, now with the actions taken (abandonable: the report directory may be
     /// frozen).
     fn save_verdict(&mut self, verdict: &Verdict) -> Result<(), String>;
+    /// Writes `thresholds.json` again, now with the run's holds and why the verdict came late (abandonable).
+    fn save_thresholds(&mut self, thresholds: &ThresholdsRecord) -> Result<(), String>;
 }
 
 /// Workers in threads (and abandonable children for the report directory).
@@ -77,6 +79,16 @@ impl Workers for Threads {
             &self.program,
             &self.report_dir,
             &verdict_files(verdict),
+            EVIDENCE_DEADLINE,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    fn save_thresholds(&mut self, thresholds: &ThresholdsRecord) -> Result<(), String> {
+        write_abandonable(
+            &self.program,
+            &self.report_dir,
+            &[EvidenceFile::json("thresholds.json", thresholds)],
             EVIDENCE_DEADLINE,
         )
         .map_err(|e| e.to_string())

@@ -266,6 +266,9 @@ fn rank_0_downloading_from_a_slow_mirror_while_its_peers_wait_is_not_ended() {
     );
 }
 
+/// The same download from a mirror that stops answering once the hard tier is held back for it: the next look
+/// finds nothing moving, a second confirms it, and the job is ended with rank 0 named; the hold is kept as ended by
+/// the work that stopped, and the verdict says why it came about 35 s past the 6 s threshold.
 #[test]
 fn a_download_whose_server_stops_is_ended_with_rank_0_named() {
     let torch = require!(torch_python());
@@ -277,6 +280,19 @@ fn a_download_whose_server_stops_is_ended_with_rank_0_named() {
     assert!(
         run.wait_for_stderr(Duration::from_secs(90), |s| s.contains(NOT_ENDING)),
         "held back while the bytes moved: {}",
+        run.stderr_text()
+    );
+    // The hard tier's look too sees the bytes move (its evidence is the second kept): the hold looks again every
+    // 30 s from there.
+    let hard_look_done =
+        |run: &HangwatchRun| run.stderr_text().matches("hangwatch: evidence in").count() >= 2;
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while !hard_look_done(&run) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        hard_look_done(&run) && run.stderr_text().contains("(hard threshold;"),
+        "the hard tier's look: {}",
         run.stderr_text()
     );
     // The mirror stops answering: rank 0's bytes stop, and nothing else moves.
@@ -291,6 +307,26 @@ fn a_download_whose_server_stops_is_ended_with_rank_0_named() {
     assert!(
         done.json["activity"].is_null(),
         "the kept verdict is the one after the bytes stopped: {}",
+        done.describe()
+    );
+    // Said once, kept with what moved, ended when the bytes stopped; the verdict says why it came late.
+    let kept = thresholds(&done);
+    assert_eq!(kept["holds"][0]["ended"], "work_stopped", "{kept:#}");
+    assert!(
+        kept["holds"][0]["activity"]["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("rank 0 moves data")),
+        "{kept:#}"
+    );
+    let late = kept["late"]["words"].as_str().unwrap_or_default();
+    assert!(
+        late.contains("held back while rank 0 moves data")
+            && late.contains("for a second look confirming the work stopped"),
+        "{kept:#}"
+    );
+    assert!(
+        done.stderr.contains(late),
+        "said before the job is ended: {}",
         done.describe()
     );
 }
@@ -338,4 +374,27 @@ fn a_child_of_rank_0_copying_from_a_slow_fuse_mount_while_its_peers_wait_is_not_
         "the whole file was copied: {}",
         done.describe()
     );
+    // The hold is kept once, with what moved, ended by the progress that came back.
+    let holds = thresholds(&done)["holds"].clone();
+    assert_eq!(
+        holds.as_array().map(Vec::len),
+        Some(1),
+        "one hold: {holds:#}"
+    );
+    assert_eq!(holds[0]["ended"], "progress_resumed", "{holds:#}");
+    assert!(
+        holds[0]["activity"]["summary"]
+            .as_str()
+            .is_some_and(|s| s.contains("rank 0 moves data") && s.contains("copy_from_mount")),
+        "{holds:#}"
+    );
+    assert!(holds[0]["held_for_s"].as_f64() > Some(10.0), "{holds:#}");
+}
+
+/// The bundle's `thresholds.json`.
+fn thresholds(done: &Finished) -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(done.report_dir.join("thresholds.json")).expect("thresholds.json"),
+    )
+    .expect("thresholds.json is JSON")
 }

@@ -27,7 +27,9 @@ impl Supervisor {
         threshold: &Threshold,
         stalled_for: Duration,
     ) -> ThresholdsRecord {
-        ThresholdsRecord::new(self.detector.config(), threshold, stalled_for)
+        let mut record = ThresholdsRecord::new(self.detector.config(), threshold, stalled_for);
+        record.holds = self.stall_log.holds(self.now());
+        record
     }
 
     pub(super) fn run_record(&self) -> RunRecord {
@@ -145,6 +147,8 @@ impl Supervisor {
         name: &str,
         work: impl FnOnce() -> Investigation + Send + 'static,
     ) {
+        let stalled_for = self.detector.stalled_for(self.now());
+        self.stall_log.look_started(trigger, stalled_for);
         if let Some(failed) = self.workers.investigate(trigger, name, Box::new(work)) {
             self.own_events.push_back(failed);
         }
@@ -195,6 +199,11 @@ impl Supervisor {
             node: self.config.node.clone(),
             earlier: self.sampler.earlier().clone(),
         };
+        let thresholds = self.thresholds_record(&threshold, stalled_for);
+        if trigger != Trigger::Recheck {
+            // A hold's periodic look keeps no evidence.
+            self.kept_thresholds = Some(thresholds.clone());
+        }
         InvestigationJob {
             trigger,
             stalled_for_s: stalled_for.as_secs_f64(),
@@ -203,7 +212,7 @@ impl Supervisor {
             options,
             probe_timeout: self.config.probe_timeout,
             prober: Arc::clone(self.sampler.prober()),
-            thresholds: self.thresholds_record(&threshold, stalled_for),
+            thresholds,
             timeline,
             run: self.run_record(),
             kernel_log: self.kernel_log.text(),

@@ -5,6 +5,12 @@ use super::*;
 
 impl Supervisor {
     pub(super) fn finish(&mut self, ending: Ending) -> RunOutcome {
+        let outcome = self.outcome(ending);
+        self.save_final_thresholds();
+        outcome
+    }
+
+    fn outcome(&mut self, ending: Ending) -> RunOutcome {
         match ending {
             Ending::Hung => self.finish_hung(),
             Ending::Interrupted(signal) => {
@@ -38,6 +44,29 @@ impl Supervisor {
         report_termination(self.last_verdict.as_mut(), report, node, |pid| {
             procs.iter().find(|p| p.pid == pid).and_then(|p| p.rank)
         });
+    }
+
+    /// `thresholds.json` again, when the run held a stall back or its verdict came late: the holds, each ended, and
+    /// why the verdict came late (the file a roll call wrote knew neither yet).
+    fn save_final_thresholds(&mut self) {
+        let now = self.now();
+        self.stall_log
+            .hold_ended(now, crate::stall_log::HoldEnd::JobEnded);
+        let holds = self.stall_log.holds(now);
+        if self.bundle.is_none() || (holds.is_empty() && self.late.is_none()) {
+            return;
+        }
+        let Some(mut record) = self.kept_thresholds.clone() else {
+            return;
+        };
+        record.holds = holds;
+        record.late = self.late.clone();
+        if let Err(e) = self.workers.save_thresholds(&record) {
+            tracing::warn!(error = %e, "thresholds.json could not be written again");
+            say(format!(
+                "hangwatch: warning: thresholds.json could not be written again with the holds: {e}"
+            ));
+        }
     }
 
     /// The verdict files again, now with the actions taken (abandonable: the report directory may be frozen).

@@ -269,6 +269,9 @@ impl Supervisor {
             witnesses,
             collectives: Some(Arc::clone(&socket.collectives)),
             recorded: Default::default(),
+            stall_log: Default::default(),
+            kept_thresholds: None,
+            late: None,
         };
         let wiring = Wiring {
             signals,

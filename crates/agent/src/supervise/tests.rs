@@ -19,6 +19,8 @@ struct Asked {
     terminations: Vec<Duration>,
     signals: Vec<(Vec<i32>, Signal)>,
     verdicts_saved: usize,
+    /// Each `thresholds.json` written again: how its holds ended, and why the verdict came late.
+    thresholds_saved: Vec<(Vec<Option<crate::stall_log::HoldEnd>>, Option<String>)>,
 }
 
 /// Records, never acts.
@@ -64,6 +66,14 @@ impl Workers for Recorder {
 
     fn save_verdict(&mut self, _: &Verdict) -> Result<(), String> {
         self.0.lock().expect("not poisoned").verdicts_saved += 1;
+        Ok(())
+    }
+
+    fn save_thresholds(&mut self, thresholds: &ThresholdsRecord) -> Result<(), String> {
+        self.0.lock().expect("not poisoned").thresholds_saved.push((
+            thresholds.holds.iter().map(|h| h.ended).collect(),
+            thresholds.late.as_ref().map(|l| l.words.clone()),
+        ));
         Ok(())
     }
 }
@@ -185,6 +195,9 @@ fn supervisor(procs: Vec<JobProc>) -> (Supervisor, Arc<Mutex<Asked>>, Receiver<E
         timeline: crate::timeline::TimelineRecorder::new(unix_time_of(start)),
         collectives: None,
         recorded: Default::default(),
+        stall_log: Default::default(),
+        kept_thresholds: None,
+        late: None,
     };
     (sup, asked, rx)
 }
@@ -250,6 +263,87 @@ fn a_stall_past_the_threshold_takes_a_roll_call_then_ends_the_job_and_exits_75()
         asked(&workers).verdicts_saved,
         1,
         "the verdict is saved again with the actions taken"
+    );
+}
+
+/// rank 0 copying while its peers wait: work, though no progress.
+fn working_verdict() -> Verdict {
+    let mut verdict = Verdict::unknown("working in silence");
+    verdict.activity = Some(hangwatch_model::Activity {
+        ranks: vec![0],
+        pids: vec![std::process::id() as i32],
+        where_: "copy (job.py)".into(),
+        of_ranks: 1,
+        waiting: 0,
+        waiting_where: None,
+        summary: "rank 0 moves data (131 KB/s read or written) in copy (job.py)".into(),
+    });
+    verdict
+}
+
+#[test]
+fn a_hold_that_ends_when_the_work_stops_is_kept_with_why_the_verdict_came_late() {
+    let (mut sup, workers, _rx) = supervisor(vec![rank(None)]);
+    // Learned thresholds (a hold is allowed): 10 s hard, 5 s soft, looks every 30 s while held.
+    sup.config.detector = DetectorConfig {
+        fixed: None,
+        floor: Duration::from_secs(10),
+        warmup: Duration::from_secs(10),
+        ceiling: Duration::from_secs(300),
+        ..DetectorConfig::default()
+    };
+    sup.detector = Detector::new(sup.config.detector.clone(), Duration::ZERO);
+    sup.policy = policy_of(&sup.config);
+    sup.detector
+        .progress(Some(0), ProgressSource::Heartbeat, Duration::ZERO);
+    let look = |sup: &mut Supervisor, trigger: Trigger, verdict: Verdict| {
+        let evidence =
+            (trigger != Trigger::Recheck).then(|| Ok(PathBuf::from("/nonexistent/bundle")));
+        sup.handle_event(Event::Investigated(Box::new(Investigation {
+            trigger,
+            verdict,
+            evidence,
+        })))
+    };
+    for (after, trigger, verdict) in [
+        (6, Trigger::Soft, working_verdict()),
+        (5, Trigger::Hard, working_verdict()),
+        (31, Trigger::Recheck, hung_verdict()),
+        (6, Trigger::ConfirmStop, hung_verdict()),
+    ] {
+        advance(&mut sup, Duration::from_secs(after));
+        assert!(sup.tick().is_none());
+        assert_eq!(asked(&workers).roll_calls.last(), Some(&trigger));
+        assert!(look(&mut sup, trigger, verdict).is_none());
+    }
+    assert_eq!(
+        asked(&workers).terminations,
+        [GRACE],
+        "the work stopped: ended"
+    );
+    let outcome = sup
+        .handle_event(Event::Terminated(TerminationReport::default()))
+        .expect("the run ends once the job is ended");
+    assert_eq!(outcome.exit_code, EXIT_HUNG);
+    let saved = asked(&workers).thresholds_saved;
+    assert_eq!(
+        saved.len(),
+        1,
+        "thresholds.json written again once: {saved:?}"
+    );
+    assert_eq!(
+        saved[0].0,
+        [Some(crate::stall_log::HoldEnd::WorkStopped)],
+        "one hold, ended when the work stopped"
+    );
+    let words = saved[0].1.clone().unwrap_or_default();
+    assert!(
+        words.starts_with("the verdict came 38s after the 10s threshold: ")
+            && words.contains(
+                "held back while rank 0 moves data (131 KB/s read or written) in copy (job.py)"
+            )
+            && words.contains("for a second look confirming the work stopped"),
+        "{words}"
     );
 }
 
