@@ -791,6 +791,7 @@ mod tests {
             thread_name: None,
             page_fault: None,
             lock_wait: None,
+            waits_on_peer: None,
         });
         let rows = |v: &Verdict| v.ranks.iter().filter_map(|r| r.rank).collect::<Vec<_>>();
         let n2 = verdict_for_node(&full, "n2");

@@ -192,6 +192,7 @@ mod tests {
             thread_name: None,
             page_fault: None,
             lock_wait: None,
+            waits_on_peer: None,
         });
         assert!(is_conclusive(&d));
         assert!(
@@ -222,6 +223,7 @@ mod tests {
                 thread_name: None,
                 page_fault: None,
                 lock_wait: None,
+                waits_on_peer: None,
             });
             v
         };

@@ -11,6 +11,7 @@
 //! - [`faults`]: a rank blocked in a page fault: the memory-mapped file it reads, or the candidates.
 //! - [`fs_stall`]: the fast path for a rank stuck on a filesystem (or stopped) while the job stalls.
 //! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
+//! - [`sockets`]: whom a rank waiting on a socket waits for: the process at the other end, or the connection.
 //! - [`scope`]: what a fault belongs to (the filesystem, the node, the program), and why.
 //! - [`requeue`]: after a hung attempt under `--action requeue`: nodes to keep out, the restart budget.
 //! - [`work`]: whose CPU time is the job's work (a waiting rank's background threads are not).
@@ -28,6 +29,7 @@ pub mod ranks;
 pub mod requeue;
 pub mod rollcall;
 pub mod scope;
+pub mod sockets;
 pub mod work;
 
 pub use acting::{

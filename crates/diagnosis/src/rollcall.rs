@@ -149,12 +149,22 @@ pub fn mounts_to_probe_as_seen(
                 add(process, file);
             }
         }
-        // The reader of a pipe the rank is blocked writing, stuck on a filesystem of its own (the next hop).
-        for reader in &process.pipe_readers {
-            let position = classify(&reader.observation, window_ms);
+        // The reader of a pipe the rank is blocked writing, or the process at the other end of a socket it waits
+        // on, stuck on a filesystem of its own (the next hop).
+        let peers = process
+            .socket_waits
+            .iter()
+            .filter_map(|w| w.peer.as_ref()?.observation.as_deref());
+        for reader in process
+            .pipe_readers
+            .iter()
+            .map(|r| &*r.observation)
+            .chain(peers)
+        {
+            let position = classify(reader, window_ms);
             if let Some(file) = position.file.as_ref().filter(|f| is_filesystem_file(f)) {
                 if position.filesystem_wait || position.state == 'D' {
-                    add(&reader.observation, file);
+                    add(reader, file);
                 }
             }
         }
@@ -171,6 +181,8 @@ struct Entry<'a> {
     page_fault: Option<PageFault>,
     /// The reader of a pipe it is blocked writing, when that reader is stuck itself (the next hop).
     stuck_reader: Option<StuckReader>,
+    /// The socket it waits on and whom for (the next hop), when one of its threads waits in a socket call.
+    peer_wait: Option<hangwatch_model::PeerWait>,
     /// The thread that would have made it blocked in the kernel had the second look not found its D wait over.
     moment: Option<i32>,
 }
@@ -379,12 +391,16 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             }
             page_fault
         });
+        let position_tid = position.tid;
         Entry {
             process,
             position,
             node,
             page_fault,
             stuck_reader: StuckReader::of(process, window_ms),
+            peer_wait: crate::sockets::peer_wait(process, position_tid, window_ms, |pid| {
+                nodes[node].processes().find(|p| p.pid == pid)
+            }),
             moment,
         }
     };
@@ -512,6 +528,10 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
                     .iter()
                     .any(|w| !w.holders.is_empty())
                     || entries[i].stuck_reader.is_some()
+                    || entries[i]
+                        .peer_wait
+                        .as_ref()
+                        .is_some_and(crate::sockets::blames_waiter)
             })
             .collect();
         if !lock_waiters.is_empty() && lock_waiters.len() < entries.len() {
@@ -1102,10 +1122,11 @@ fn culprit(entry: &Entry, ctx: &Ctx, kind: VerdictKind) -> Culprit {
         thread_name: entry.position.thread_name.clone(),
         page_fault: entry.page_fault.clone(),
         lock_wait: entry.process.lock_waits.first().cloned(),
+        waits_on_peer: entry.peer_wait.clone(),
     }
 }
 
-fn state_words(state: char) -> &'static str {
+pub(crate) fn state_words(state: char) -> &'static str {
     match state {
         'D' => "uninterruptible sleep (D)",
         'S' => "sleep (S)",
@@ -1169,6 +1190,10 @@ fn reason(entry: &Entry, kind: VerdictKind) -> String {
                     .stuck_reader
                     .as_ref()
                     .map(|r| format!("; {}", r.words())))
+                .or_else(|| entry
+                    .peer_wait
+                    .as_ref()
+                    .map(|w| format!("; it {}", w.words)))
                 .unwrap_or_default()
         ),
     }
@@ -1446,8 +1471,12 @@ fn summarize(
                 (None, Some(wait)) => lock_words(wait),
                 (None, None) => String::new(),
             };
+            let peer = match (&e.stuck_reader, e.process.lock_waits.first(), &e.peer_wait) {
+                (None, None, Some(w)) => format!("; it {}", w.words),
+                _ => String::new(),
+            };
             with_rest(format!(
-                "{} is the odd one out: {} in {}{hop}{more}",
+                "{} is the odd one out: {} in {}{hop}{peer}{more}",
                 who(e, ctx),
                 state_words(e.position.state),
                 e.position.where_

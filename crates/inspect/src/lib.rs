@@ -15,3 +15,4 @@ pub mod ranks;
 pub mod reexec;
 pub mod rollcall;
 pub mod second_look;
+pub mod sockets;

@@ -319,6 +319,7 @@ pub fn take_roll_call(
     );
     fill_lock_waits(procfs, &mut observations);
     fill_pipe_readers(procfs, &mut observations, options.window, clk_tck);
+    crate::sockets::fill_socket_waits(procfs, &mut observations, options.window, clk_tck);
 
     let mut unreadable = Vec::new();
     let mut stacks_prepared = 0;

@@ -73,6 +73,10 @@ pub struct ProcessObservation {
     /// rank waits on (the next hop).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pipe_readers: Vec<PipeReader>,
+    /// The sockets its threads wait on (a call on a socket, or `epoll_wait` over a few), each described from the
+    /// process's network namespace with the process at the other end when this node has it (the next hop).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub socket_waits: Vec<crate::SocketWait>,
 }
 
 /// A process holding the read end of a pipe or FIFO that a rank is blocked writing.

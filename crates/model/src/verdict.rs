@@ -360,6 +360,10 @@ pub struct Culprit {
     /// Set when the rank waits for a file lock: the lock and who holds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lock_wait: Option<crate::LockWait>,
+    /// Set when the rank waits in a socket call: the connection, what holds it up and the process at the other
+    /// end when this node has it (docs/next-hops.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits_on_peer: Option<crate::PeerWait>,
 }
 
 /// A thread blocked in a page fault on a memory-mapped file. `path`, `mount` and `fstype` of the culprit name the
@@ -419,6 +423,7 @@ impl Culprit {
             thread_name: None,
             page_fault: None,
             lock_wait: None,
+            waits_on_peer: None,
         }
     }
 }

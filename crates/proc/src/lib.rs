@@ -17,6 +17,7 @@ mod kernel;
 mod locks;
 mod maps;
 mod mountinfo;
+mod net;
 mod observe;
 mod reader;
 mod resolve;
@@ -47,6 +48,10 @@ pub use kernel::{parse_stack, parse_wchan};
 pub use locks::{holders_of_waits, parse_locks, FileLock};
 pub use maps::{mapped_files, parse_maps, Mapping, MAX_MAPPED_FILES};
 pub use mountinfo::{parse_mountinfo, unescape, Mount, MountTable};
+pub use net::{
+    addr_words, parse_epoll_targets, parse_proc_net_inet, parse_proc_net_unix, parse_tcp_info,
+    socket_inode, unix_protocol, NetSocket, TcpInfo,
+};
 pub use observe::{
     decode_syscall, observe_process, observe_threads, second_look, ProcessSample, ThreadSample,
 };

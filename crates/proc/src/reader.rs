@@ -163,6 +163,26 @@ impl ProcFs {
         self.link(pid, self.pid_dir(pid).join("ns").join("uts"))
     }
 
+    /// The process's network namespace (`readlink /proc/PID/ns/net`, `net:[4026531840]`): its sockets are
+    /// described from there.
+    pub fn net_namespace(&self, pid: i32) -> Result<String, ReadError> {
+        self.link(pid, self.pid_dir(pid).join("ns").join("net"))
+    }
+
+    /// `/proc/PID/net/<name>` (`tcp`, `tcp6`, `udp`, `udp6`, `unix`): the sockets of the process's network
+    /// namespace, printed by the kernel from memory (no filesystem touched).
+    pub fn net_table(&self, pid: i32, name: &str) -> Result<String, ReadError> {
+        self.read(pid, None, &self.pid_dir(pid).join("net").join(name))
+    }
+
+    /// The descriptors an epoll instance (`fd`, an `anon_inode:[eventpoll]`) watches, from its `fdinfo`.
+    pub fn epoll_targets(&self, pid: i32, fd: i32) -> Result<Vec<i32>, ReadError> {
+        let path = self.pid_dir(pid).join("fdinfo").join(fd.to_string());
+        Ok(crate::net::parse_epoll_targets(
+            &self.read(pid, None, &path)?,
+        ))
+    }
+
     /// The process's pid namespace (`readlink /proc/PID/ns/pid`, `pid:[4026531836]`).
     pub fn pid_namespace(&self, pid: i32) -> Result<String, ReadError> {
         self.link(pid, self.pid_dir(pid).join("ns").join("pid"))

@@ -340,6 +340,7 @@ fn big_verdict() -> Verdict {
         thread_name: None,
         page_fault: None,
         lock_wait: None,
+        waits_on_peer: None,
     }];
     v.groups = vec![
         Group {
