@@ -31,6 +31,8 @@ pub enum Event {
     /// This node's observations for a roll call the coordinator ordered (answered already; kept for the
     /// evidence).
     Observed(Box<NodeObservations>),
+    /// The job's container was found, or could not be (`crate::container`: the command is a container client).
+    Container(crate::container::ContainerEvent),
 }
 
 /// The event channel's capacity: phases, signals and worker results are rare; a full channel drops phases

@@ -68,6 +68,8 @@ pub(crate) struct InvestigationJob {
     pub(crate) collectives: Option<Arc<crate::collectives::CollectivesDesk>>,
     /// The causes this run recorded in the history already.
     pub(crate) recorded: crate::history::RecordedThisRun,
+    /// The container the ranks run in (a container client's job), named in the verdict.
+    pub(crate) container: Option<hangwatch_model::ContainerRef>,
 }
 
 impl InvestigationJob {
@@ -279,6 +281,9 @@ impl InvestigationJob {
         observations: &NodeObservations,
         alert: bool,
     ) -> Investigation {
+        if verdict.container.is_none() {
+            verdict.container = self.container.clone();
+        }
         // The history counts hangs: ranks seen computing are not one.
         if verdict.activity.is_none() {
             verdict.recurrence = self.record_history(&verdict);

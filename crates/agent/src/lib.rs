@@ -3,6 +3,7 @@
 
 pub mod beats;
 pub mod collectives;
+pub mod container;
 pub mod death;
 pub mod events;
 pub mod evidence;

@@ -186,6 +186,9 @@ pub(crate) struct Sampler {
     stack_candidate: Option<(Vec<i32>, Instant)>,
     /// When the identities of the live ranks were last read (see [`IDENTITY_EVERY`]).
     last_identity_look: Option<Instant>,
+    /// The container the job's client started (`crate::container`): its first process is a root of the look for
+    /// ranks, as the processes hangwatch started are.
+    container: Option<hangwatch_model::ContainerRef>,
 }
 
 /// What a [`Sampler`] starts with.
@@ -228,6 +231,7 @@ impl Sampler {
             stack_pids: Vec::new(),
             stack_candidate: None,
             last_identity_look: None,
+            container: None,
         };
         sampler.track_groups();
         sampler
@@ -519,6 +523,7 @@ impl Sampler {
             .iter()
             .filter(|p| !p.discovered)
             .map(|p| p.pid)
+            .chain(self.container.as_ref().and_then(|c| c.host_pid))
             .collect();
         let finder = Arc::clone(&self.ranks);
         let clients = self.client_ranks.clone();
@@ -537,6 +542,19 @@ impl Sampler {
             Ok(_) => self.discovering = true,
             Err(e) => tracing::warn!(error = %e, "cannot look for ranks below the launcher"),
         }
+    }
+
+    /// The job's ranks run in `container` (its client is what hangwatch started): its first process's descendants
+    /// are looked at for ranks from now on, at once.
+    pub(crate) fn watch_container(&mut self, container: hangwatch_model::ContainerRef) {
+        self.container = Some(container);
+        self.last_discovery = None;
+        self.discover_ranks();
+    }
+
+    /// The container the job runs in, once found.
+    pub(crate) fn container(&self) -> Option<&hangwatch_model::ContainerRef> {
+        self.container.as_ref()
     }
 
     /// Keeps what a process's client said of its rank, for the next look for ranks (taken at once). With

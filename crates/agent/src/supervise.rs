@@ -371,6 +371,10 @@ impl Supervisor {
                 self.ordered_observations = Some(*observations);
                 return None;
             }
+            Event::Container(event) => {
+                self.container_event(event);
+                return None;
+            }
             // Most link events are only said; an order becomes the policy's input.
             Event::Link(event) => self.link_event(event)?,
             Event::Terminated(report) => {
@@ -383,6 +387,29 @@ impl Supervisor {
         let now = self.now();
         let actions = self.policy.handle(input, now);
         self.carry_out(actions)
+    }
+
+    /// The finder's answer about a container client's container: its processes are watched as the ranks, or the
+    /// client alone is, said so.
+    fn container_event(&mut self, event: crate::container::ContainerEvent) {
+        match event {
+            crate::container::ContainerEvent::Found(container) => {
+                say(format!(
+                    "hangwatch: the job runs in {}: its processes are the ranks (its first process is pid {} on this node)",
+                    container.words(),
+                    container
+                        .host_pid
+                        .map_or_else(|| "unknown".to_string(), |p| p.to_string())
+                ));
+                self.sampler.watch_container(*container);
+            }
+            crate::container::ContainerEvent::NotFound(why) => {
+                tracing::warn!(reason = %why, "the job's container was not found");
+                say(format!(
+                    "hangwatch: warning: the job's container was not found ({why}): only its client is watched"
+                ));
+            }
+        }
     }
 
     /// What the coordinator link said; the policy's input when it is one.

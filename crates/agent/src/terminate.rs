@@ -29,6 +29,9 @@ pub struct TerminationReport {
     /// Processes still alive after SIGKILL and `kill_wait`.
     pub unkillable: Vec<Unkillable>,
     pub elapsed: Duration,
+    /// The container the job ran in, when it was a container client's (`crate::container`): ended through its
+    /// runtime, with how.
+    pub container: Option<hangwatch_model::ContainerRef>,
 }
 
 /// A process still there after SIGKILL.
@@ -230,6 +233,19 @@ pub fn terminate<P: JobProcess>(
     cannot_act: &dyn Fn(i32) -> bool,
     remains_of: impl Fn(i32) -> Remains,
 ) -> TerminationReport {
+    terminate_with(procs, grace, kill_wait, cannot_act, remains_of, &mut |_| {})
+}
+
+/// [`terminate`], with `also` called after each of hangwatch's own signals (SIGTERM, SIGKILL) to pass it on where
+/// a process group cannot reach (a container's processes, through its runtime).
+pub fn terminate_with<P: JobProcess>(
+    procs: &mut [P],
+    grace: Duration,
+    kill_wait: Duration,
+    cannot_act: &dyn Fn(i32) -> bool,
+    remains_of: impl Fn(i32) -> Remains,
+    also: &mut dyn FnMut(Signal),
+) -> TerminationReport {
     let started = Instant::now();
     let mut report = TerminationReport::default();
     let mut alive: Vec<usize> = (0..procs.len())
@@ -241,6 +257,7 @@ pub fn terminate<P: JobProcess>(
     let live_now: Vec<usize> = alive.clone();
     let live_procs: Vec<&P> = live_now.iter().map(|&i| &procs[i]).collect();
     signal_each(&live_procs, Signal::SIGTERM);
+    also(Signal::SIGTERM);
     wait_all(procs, &mut alive, Instant::now() + grace, cannot_act);
     report.ended_by_term = live_now
         .iter()
@@ -251,6 +268,7 @@ pub fn terminate<P: JobProcess>(
         let before_kill = alive.clone();
         let remaining: Vec<&P> = alive.iter().map(|&i| &procs[i]).collect();
         signal_each(&remaining, Signal::SIGKILL);
+        also(Signal::SIGKILL);
         wait_all(procs, &mut alive, Instant::now() + kill_wait, &|_| false);
         report.ended_by_kill = before_kill
             .iter()
@@ -271,11 +289,17 @@ pub fn terminate<P: JobProcess>(
 
 /// [`terminate`] in a worker thread that reads /proc itself; `done` gets the report. `stuck`: the pids the verdict
 /// found blocked in the kernel (see [`stuck_pids`]).
+/// `container`: the job's container, when it is a container client's: each signal also goes to the container
+/// through its runtime (`kill`, under a deadline), and afterwards the container is settled
+/// ([`crate::container::settle`]: still running or not, its exit code, `rm` for `--rm`); `client_exit` gives the
+/// client's exit code once it is gone.
 pub fn spawn_termination<P: JobProcess + Send + 'static>(
     mut procs: Vec<P>,
     grace: Duration,
     kill_wait: Duration,
     stuck: Vec<i32>,
+    container: Option<(crate::container::RuntimeCli, hangwatch_model::ContainerRef)>,
+    client_exit: impl Fn(&[P]) -> Option<i32> + Send + 'static,
     done: impl FnOnce(TerminationReport) + Send + 'static,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
@@ -283,9 +307,37 @@ pub fn spawn_termination<P: JobProcess + Send + 'static>(
         .spawn(move || {
             let procfs = ProcFs::new("/proc");
             let cannot_act = |pid: i32| cannot_act_on_term(&procfs, &stuck, pid);
-            let report = terminate(&mut procs, grace, kill_wait, &cannot_act, |pid| {
-                remains(&procfs, pid)
-            });
+            let mut problems: Vec<String> = Vec::new();
+            let mut signalled = false;
+            let mut also = |signal: Signal| {
+                signalled = true;
+                if let Some((cli, c)) = &container {
+                    problems.extend(crate::container::signal_container(cli, c, signal.as_str()));
+                }
+            };
+            let mut report = terminate_with(
+                &mut procs,
+                grace,
+                kill_wait,
+                &cannot_act,
+                |pid| remains(&procfs, pid),
+                &mut also,
+            );
+            if let Some((cli, mut c)) = container {
+                // Nothing of the job was left to signal (its client gone): the container may still run.
+                if !signalled {
+                    problems.extend(crate::container::signal_container(&cli, &c, "SIGKILL"));
+                }
+                let unkillable_left = report.unkillable.iter().any(|u| procfs.stat(u.pid).is_ok());
+                c.ended = Some(crate::container::settle(
+                    &cli,
+                    &c,
+                    client_exit(&procs),
+                    problems,
+                    unkillable_left,
+                ));
+                report.container = Some(c);
+            }
             done(report);
         })
         .map(|_| ())
@@ -393,10 +445,26 @@ pub fn report_termination(
             u.words()
         ));
     }
+    let container_words = report.container.as_ref().and_then(|c| {
+        let ended = c.ended.as_ref()?;
+        let words = crate::container::ended_words(c, ended);
+        say(format!("hangwatch: {words}"));
+        Some((words, ended.problems.is_empty() || !ended.still_running))
+    });
     let Some(verdict) = verdict else {
         return;
     };
     verdict.actions.extend(termination_actions(report, rank_of));
+    if let (Some(container), Some((words, ok))) = (&report.container, container_words) {
+        verdict.actions.push(hangwatch_model::ActionRecord {
+            action: "container".into(),
+            ranks: Vec::new(),
+            ok,
+            detail: Some(words),
+            outcomes: Vec::new(),
+        });
+        verdict.container = Some(container.clone());
+    }
     if !report.unkillable.is_empty() {
         verdict.recommendations.insert(
             0,
@@ -483,6 +551,7 @@ mod tests {
                 stuck_thread: None,
             }],
             elapsed: Duration::from_millis(2100),
+            container: None,
         };
         let rank_of = |pid: i32| (100..104).contains(&pid).then(|| (pid - 100) as u32);
         let actions = termination_actions(&report, rank_of);

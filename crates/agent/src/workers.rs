@@ -48,6 +48,8 @@ pub(crate) struct Threads {
     /// hangwatch itself, for the abandonable evidence writer.
     pub(crate) program: PathBuf,
     pub(crate) report_dir: PathBuf,
+    /// The job's container once found (a container client's job): ended through its runtime.
+    pub(crate) container: crate::container::Shared,
 }
 
 impl Workers for Threads {
@@ -63,9 +65,24 @@ impl Workers for Threads {
         stuck: Vec<i32>,
     ) -> std::io::Result<()> {
         let events = self.events.clone();
-        spawn_termination(procs, grace, kill_wait, stuck, move |report| {
-            let _ = events.send(Event::Terminated(report));
-        })
+        let client_exit = |procs: &[JobProc]| {
+            procs
+                .iter()
+                .find(|p| !p.discovered)
+                .and_then(|p| p.exit.as_ref())
+                .map(crate::sampler::shell_code)
+        };
+        spawn_termination(
+            procs,
+            grace,
+            kill_wait,
+            stuck,
+            self.container.get(),
+            client_exit,
+            move |report| {
+                let _ = events.send(Event::Terminated(report));
+            },
+        )
     }
 
     fn signal_groups(&mut self, pgids: &[i32], signal: Signal) {

@@ -885,6 +885,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         collectives,
     };
     crate::scope::apply_scope(&mut verdict, &[]);
+        container: None,
     verdict
 }
 

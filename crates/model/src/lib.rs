@@ -6,6 +6,7 @@
 mod alerting;
 mod clock;
 mod collectives;
+mod container;
 mod death;
 mod errors;
 pub mod exit;
@@ -30,6 +31,7 @@ pub use collectives::{
     CollectiveAnalysis, CollectiveCall, CollectiveEntry, CollectiveFinding, CollectiveRecord,
     CollectiveState, FlightRecorderError, GroupRecord, MAX_FLIGHT_RECORDER_DUMP_BYTES,
 };
+pub use container::{ContainerEnded, ContainerRef};
 pub use death::RankDeath;
 pub use errors::error_chain;
 pub use interned::intern;

@@ -144,6 +144,10 @@ pub struct Verdict {
     /// What the ranks' Flight Recorders say of their collectives (who did not join which), when they were asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collectives: Option<crate::CollectiveAnalysis>,
+    /// The container the ranks run in, when `run` started a container client (`docker run`, `podman run`): its
+    /// id and image as the runtime recorded them, and how it was ended. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<crate::ContainerRef>,
 }
 
 /// Which pid namespace the pids of a verdict are numbered in.
@@ -226,6 +230,7 @@ impl Verdict {
             pids,
             ranks_not_listed,
             collectives,
+            container,
         } = self;
         Verdict {
             version: *version,
@@ -250,6 +255,7 @@ impl Verdict {
             pids: *pids,
             ranks_not_listed: *ranks_not_listed,
             collectives: collectives.clone(),
+            container: container.clone(),
         }
     }
 
@@ -278,6 +284,7 @@ impl Verdict {
             pids: None,
             ranks_not_listed: 0,
             collectives: None,
+            container: None,
         }
     }
 }

@@ -230,6 +230,7 @@ impl Supervisor {
             witnesses: self.witnesses.clone(),
             collectives: self.collectives.clone(),
             recorded: self.recorded.clone(),
+            container: self.sampler.container().cloned(),
         }
     }
 

@@ -76,6 +76,19 @@ impl Supervisor {
             }
         }
         launch_spec.socket = Some(socket.path().to_path_buf());
+        // A container client (`podman run ...`): it is told to write its container's id into the private
+        // directory, where the finder reads it (crate::container).
+        let container_client = (launch_spec.attach.is_empty() && launch_spec.nproc.is_none())
+            .then(|| {
+                crate::container::client_command(
+                    &launch_spec.command,
+                    &runtime.path().join("container.id"),
+                )
+            })
+            .flatten();
+        if let Some(client) = &container_client {
+            launch_spec.command = client.command.clone();
+        }
         // Beats without a system call: a slot per local rank in the same private directory.
         let beat_slots = crate::beats::BeatSlots::create(&runtime.path().join("beats"))
             .map_err(
@@ -145,6 +158,20 @@ impl Supervisor {
         };
         for l in &launched {
             members.register_live(l.pid, l.rank);
+        }
+        let container = crate::container::Shared::default();
+        if let (Some(client), Some(first)) = (container_client, launched.first()) {
+            let runtime_name = client.runtime.as_str();
+            say(format!(
+                "hangwatch: the job is a {runtime_name} client: its ranks are found in the container it starts (by the id it writes to {})",
+                client.cidfile.display()
+            ));
+            if let Err(e) =
+                crate::container::spawn_finder(client, first.pid, container.clone(), tx.clone())
+            {
+                tracing::warn!(error = %e, "cannot start the thread that finds the job's container");
+                say(format!("hangwatch: warning: cannot look for the job's container ({e}): only its {runtime_name} client is watched"));
+            }
         }
         let tree_mode = launch_spec.nproc.is_none() || attached;
         let procfs = ProcFs::new("/proc");
@@ -238,6 +265,7 @@ impl Supervisor {
             events: tx.clone(),
             program: program.clone(),
             report_dir: config.report_dir.clone(),
+            container,
         });
         let sup = Supervisor {
             config,
