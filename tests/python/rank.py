@@ -9,6 +9,10 @@ One rank can be told to misbehave (--behaviour), to reproduce the hangs hangwatc
   barrier     normal (the default); `sigstop` is the same here: the test stops the process itself
   spin        after --after steps, compute forever (busy while peers wait)
   lock        after --after steps, deadlock on a threading lock (a data-loader style hang)
+  abba        after --after steps, the main thread and a thread named `metrics-flusher` take two locks in
+              opposite orders (`with step_lock:` then `with metrics_lock:`, and the reverse): both wait for ever
+  rlock       after --after steps, a thread named `ckpt-saver` takes an RLock and waits on a queue for the main
+              thread, which waits to take the same RLock before it would put anything there
   exit        after --after steps, exit with code 3 (peers wait for a rank that is gone)
   async_checkpoint
               from --after steps on, save a checkpoint to --fs-dir every step in a thread named `ckpt-writer`
@@ -285,6 +289,46 @@ def load_batch():
     lock.acquire()
 
 
+def abba():
+    """Deadlocks two threads on two locks taken in opposite orders; each takes its first lock before the other
+    tries it (the events only make that order certain)."""
+    step_lock, metrics_lock = threading.Lock(), threading.Lock()
+    main_holds, flusher_holds = threading.Event(), threading.Event()
+
+    def flush():
+        with metrics_lock:
+            flusher_holds.set()
+            main_holds.wait()
+            with step_lock:
+                pass
+
+    threading.Thread(target=flush, name="metrics-flusher", daemon=True).start()
+    with step_lock:
+        main_holds.set()
+        flusher_holds.wait()
+        with metrics_lock:
+            pass
+
+
+def rlock_wait():
+    """Deadlocks on an RLock whose owner (`ckpt-saver`) waits elsewhere: on a queue the main thread would fill
+    only once it has the RLock."""
+    import queue
+    state_lock = threading.RLock()
+    handed = queue.Queue()
+    saver_holds = threading.Event()
+
+    def save():
+        with state_lock:
+            saver_holds.set()
+            handed.get()
+
+    threading.Thread(target=save, name="ckpt-saver", daemon=True).start()
+    saver_holds.wait()
+    with state_lock:
+        handed.put("state")
+
+
 class MappedPage:
     """One page of a file mapped MAP_SHARED read/write through libc (ctypes calls release the GIL)."""
 
@@ -389,8 +433,8 @@ def parse_args():
     p.add_argument("--log", help="file to append a line to every step")
     p.add_argument("--behaviour", default="barrier",
                    choices=["barrier", "sigstop", "spin", "lock", "exit", "mmap_stall",
-                            "async_checkpoint"])
-    p.add_argument("--after", type=int, default=0, help="steps before misbehaving (spin, lock, exit)")
+                            "async_checkpoint", "abba", "rlock"])
+    p.add_argument("--after", type=int, default=0, help="steps before misbehaving (spin, lock, exit, abba, rlock)")
     p.add_argument("--mmap-file", help="file to map (mmap_stall)")
     p.add_argument("--trigger-file", help="start the mmap stall when this file appears (mmap_stall)")
     p.add_argument("--fs-op", choices=["mkdir", "openat", "rename", "stat", "odirect", "mmapwrite", "mmapread",
@@ -476,6 +520,12 @@ def main():
             elif args.behaviour == "lock":
                 say("deadlocking")
                 load_batch()
+            elif args.behaviour == "abba":
+                say("deadlocking two threads")
+                abba()
+            elif args.behaviour == "rlock":
+                say("deadlocking on an rlock")
+                rlock_wait()
             elif args.behaviour == "exit":
                 if rank == 0:
                     wait_until_delivered(step - first_step)

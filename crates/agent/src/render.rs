@@ -139,6 +139,12 @@ pub fn verdict_text(v: &Verdict) -> String {
                 if k { "yes" } else { "no (uninterruptible)" }
             );
         }
+        if c.threads.len() > 1 || c.deadlock.is_some() {
+            let _ = writeln!(s, "  threads (those idle in a known pool left out):");
+            for t in &c.threads {
+                let _ = writeln!(s, "    {}", thread_place_words(t));
+            }
+        }
         if let Some(stack) = c.python_stack.as_ref().filter(|s| !s.is_empty()) {
             let _ = writeln!(s, "  python stack (innermost first):");
             for frame in stack.iter().take(12) {
@@ -259,6 +265,43 @@ fn thread_words(c: &hangwatch_model::Culprit) -> String {
         (Some(tid), None) => format!(" (thread {tid})"),
         (None, _) => String::new(),
     }
+}
+
+/// "metrics-flusher (tid 101): S in futex() (futex_wait_queue) at flush (train.py:54); waits for a lock, held by
+/// MainThread (by elimination)".
+fn thread_place_words(t: &hangwatch_model::ThreadPlace) -> String {
+    let name = t.name.as_deref().unwrap_or("a thread");
+    let tid = t.tid.map(|tid| format!(" (tid {tid})")).unwrap_or_default();
+    let call = t
+        .syscall
+        .as_deref()
+        .map(|c| format!(" in {c}()"))
+        .unwrap_or_default();
+    let wchan = t
+        .wchan
+        .as_deref()
+        .map(|w| format!(" ({w})"))
+        .unwrap_or_default();
+    let code = t
+        .code
+        .as_ref()
+        .map(|c| format!(" at {} ({c})", c.function))
+        .unwrap_or_default();
+    let waits = t
+        .waits_for
+        .map(|w| format!("; {}", w.words()))
+        .unwrap_or_default();
+    let held = t
+        .held_by
+        .as_ref()
+        .map(|h| {
+            format!(
+                ", held by {} (by elimination)",
+                h.name.as_deref().unwrap_or("another thread")
+            )
+        })
+        .unwrap_or_default();
+    format!("{name}{tid}: {}{call}{wchan}{code}{waits}{held}", t.state)
 }
 
 /// One action in words: what became of the ranks it names ("terminate ranks 1-3: ended — ...", "unkillable
@@ -388,6 +431,56 @@ mod tests {
             text.contains(
                 "  memory-mapped files it may be faulting on (2 candidates):\n    /data/a.arrow  on /data \
                  (fuse.bindfs)\n    /data/b.arrow  on /data (fuse.bindfs)\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_deadlock_inside_the_rank_is_said_and_its_threads_listed() {
+        use hangwatch_model::{CodeLine, InRankDeadlock, ThreadPlace, ThreadRef, ThreadWait};
+        let thread = |tid, name: &str, line, by: &str| ThreadPlace {
+            tid: Some(tid),
+            name: Some(name.into()),
+            state: "S".into(),
+            wchan: Some("futex_wait_queue".into()),
+            syscall: Some("futex".into()),
+            code: Some(CodeLine {
+                function: "step".into(),
+                file: "train.py".into(),
+                line,
+            }),
+            waits_for: Some(ThreadWait::Lock),
+            held_by: Some(ThreadRef {
+                tid: None,
+                name: Some(by.into()),
+            }),
+        };
+        let threads = vec![
+            thread(42, "MainThread", 71, "metrics-flusher"),
+            thread(43, "metrics-flusher", 54, "MainThread"),
+        ];
+        let mut v = Verdict::unknown("rank 0 is the odd one out");
+        v.kind = VerdictKind::Diverged;
+        v.culprits.push(Culprit {
+            deadlock: Some(InRankDeadlock {
+                threads: threads.clone(),
+                words: "a deadlock inside rank 0 is likely".into(),
+            }),
+            threads,
+            ..Culprit::at(RankPlace {
+                rank: Some(0),
+                pid: 42,
+                state: "S".into(),
+                ..Default::default()
+            })
+        });
+        let text = verdict_text(&v);
+        assert!(
+            text.contains(
+                "  threads (those idle in a known pool left out):\n    \
+                 MainThread (tid 42): S in futex() (futex_wait_queue) at step (train.py:71); waits for a lock, held \
+                 by metrics-flusher (by elimination)\n    metrics-flusher (tid 43): S"
             ),
             "{text}"
         );

@@ -791,6 +791,8 @@ mod tests {
             thread_name: None,
             page_fault: None,
             lock_wait: None,
+            threads: Vec::new(),
+            deadlock: None,
             waits_on_peer: None,
         });
         let rows = |v: &Verdict| v.ranks.iter().filter_map(|r| r.rank).collect::<Vec<_>>();

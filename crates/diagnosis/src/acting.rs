@@ -192,6 +192,8 @@ mod tests {
             thread_name: None,
             page_fault: None,
             lock_wait: None,
+            threads: Vec::new(),
+            deadlock: None,
             waits_on_peer: None,
         });
         assert!(is_conclusive(&d));
@@ -223,6 +225,8 @@ mod tests {
                 thread_name: None,
                 page_fault: None,
                 lock_wait: None,
+                threads: Vec::new(),
+                deadlock: None,
                 waits_on_peer: None,
             });
             v

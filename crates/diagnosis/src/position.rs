@@ -168,7 +168,7 @@ fn main_python_thread(threads: &[PythonThread]) -> Option<&PythonThread> {
 }
 
 /// Is this frame from the Python standard library (not a package, not the user's code)?
-fn is_stdlib(frame: &PythonFrame) -> bool {
+pub(crate) fn is_stdlib(frame: &PythonFrame) -> bool {
     let f: &str = &frame.filename;
     if f.starts_with("<frozen") {
         return true;

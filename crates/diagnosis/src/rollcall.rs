@@ -517,8 +517,9 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
             }
         }
     }
-    // A rank waiting for a file lock that someone holds, or writing a pipe whose reader is stuck, is what its peers
-    // wait on, however many wait with it; the holder or the reader is named with it (the next hop).
+    // A rank waiting for a file lock that someone holds, writing a pipe whose reader is stuck, or deadlocked within
+    // itself (every thread waits, two or more for a lock), is what its peers wait on, however many wait with it; the
+    // holder or the reader is named with it (the next hop).
     if matches!(kind, None | Some(VerdictKind::CollectiveHang)) {
         let lock_waiters: Vec<usize> = (0..entries.len())
             .filter(|&i| {
@@ -532,6 +533,7 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
                         .peer_wait
                         .as_ref()
                         .is_some_and(crate::sockets::blames_waiter)
+                    || in_rank(&entries[i], &ctx).1.is_some()
             })
             .collect();
         if !lock_waiters.is_empty() && lock_waiters.len() < entries.len() {
@@ -1107,6 +1109,11 @@ fn culprit(entry: &Entry, ctx: &Ctx, kind: VerdictKind) -> Culprit {
         ),
         None => reason(entry, kind),
     };
+    let (threads, deadlock) = in_rank(entry, ctx);
+    let reason = match &deadlock {
+        Some(d) => format!("{reason}; {}", d.words),
+        None => reason,
+    };
     Culprit {
         at: place(entry, ctx),
         tid: entry.position.tid,
@@ -1124,7 +1131,28 @@ fn culprit(entry: &Entry, ctx: &Ctx, kind: VerdictKind) -> Culprit {
         page_fault: entry.page_fault.clone(),
         lock_wait: entry.process.lock_waits.first().cloned(),
         waits_on_peer: entry.peer_wait.clone(),
+        threads,
+        deadlock,
     }
+}
+
+/// A live rank's threads as a culprit lists them, and a deadlock inside it when one is likely
+/// ([`crate::threads`]).
+fn in_rank(
+    entry: &Entry,
+    ctx: &Ctx,
+) -> (
+    Vec<hangwatch_model::ThreadPlace>,
+    Option<hangwatch_model::InRankDeadlock>,
+) {
+    if entry.position.condition == Condition::Exited {
+        return (Vec::new(), None);
+    }
+    let window_ms = ctx.nodes[entry.node].window_ms;
+    let places = crate::threads::thread_places(entry.process, window_ms);
+    let deadlock =
+        crate::threads::in_rank_deadlock(entry.process, &places, window_ms, &entry.label());
+    (places, deadlock)
 }
 
 pub(crate) fn state_words(state: char) -> &'static str {
@@ -1470,7 +1498,7 @@ fn summarize(
                     format!("; {}{fs}", reader.words())
                 }
                 (None, Some(wait)) => lock_words(wait),
-                (None, None) => String::new(),
+                (None, None) => in_rank(e, ctx).1.map(|d| format!("; {}", d.words)).unwrap_or_default(),
             };
             let peer = match (&e.stuck_reader, e.process.lock_waits.first(), &e.peer_wait) {
                 (None, None, Some(w)) => format!("; it {}", w.words),

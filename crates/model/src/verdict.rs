@@ -371,6 +371,109 @@ pub struct Culprit {
     /// end when this node has it (docs/next-hops.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waits_on_peer: Option<crate::PeerWait>,
+    /// Every thread of the rank that is not idle in a known pool (a `ThreadPoolExecutor` worker waiting for work,
+    /// a DataLoader's pin-memory thread, a `multiprocessing` pool's handlers, hangwatch's own), Python threads
+    /// first, each with its name, state, kernel wait and innermost line of the job's own code; threads without a
+    /// Python stack only where they are not asleep (in D, on a CPU, stopped). Empty for an exited rank, a worker,
+    /// or a rank without Python stacks and nothing but sleeping threads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<ThreadPlace>,
+    /// Set when every thread of the rank waits and two or more of them wait for a lock, a condition or another
+    /// thread's end: a deadlock inside the rank is likely (`hangwatch_diagnosis::threads`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadlock: Option<InRankDeadlock>,
+}
+
+/// One thread of a culprit rank: where it is, in the kernel and in Python.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadPlace {
+    /// Kernel thread id; `null` for a Python thread whose interpreter does not say it (Python < 3.11, not the main
+    /// thread) or whose kernel thread was folded into `threads_folded`.
+    pub tid: Option<i32>,
+    /// Its Python name (`metrics-flusher`, `MainThread`), else its kernel name.
+    pub name: Option<String>,
+    /// State letter (`S`, `D`, `R`, `T`); `?` when its kernel thread was not seen.
+    pub state: String,
+    pub wchan: Option<String>,
+    /// The system call it is in, by name (`futex`), or `null`.
+    pub syscall: Option<String>,
+    /// The innermost frame of the job's own code (neither the standard library nor an installed package):
+    /// function, file (short, as in `where`) and line; `null` without a Python stack or own code on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<CodeLine>,
+    /// What it waits for, when that is a lock, a condition or another thread (from its innermost Python frame and
+    /// its futex wait); `null` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits_for: Option<ThreadWait>,
+    /// For a thread waiting to acquire a lock: the thread that holds it, where it can be told.
+    ///
+    /// Found by elimination only: the one other thread of the rank that is listed here and not idle. Reading
+    /// the owner itself is not done: CPython (3.9-3.13) keeps an `RLock`'s owner (`rlock_owner`, the owning
+    /// thread's ident) in the lock object, but nothing outside the process knows that object's address. A
+    /// thread blocked in `with lock:` or `lock.acquire()` holds the lock only on its interpreter's value stack
+    /// (or as an attribute of `self`, or a module global) while it waits in C; py-spy, which reads the stacks
+    /// without stopping the rank, reads frames' code, line and named locals, never the value stack, so the
+    /// object is found only when it happens to be a named local, and even then reading `rlock_owner` means
+    /// following a layout private to each CPython minor version. A plain `Lock` has no owner at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<ThreadRef>,
+}
+
+/// A line of Python code: `flush (train.py:54)`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeLine {
+    pub function: String,
+    /// Short: the part after `site-packages/`, else the file name.
+    pub file: String,
+    pub line: i32,
+}
+
+impl std::fmt::Display for CodeLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.file, self.line)
+    }
+}
+
+/// What a thread waits for, read from outside: its innermost Python frame and its kernel wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThreadWait {
+    /// To acquire a `Lock` or `RLock` (`with lock:`, `lock.acquire()`): a futex wait in a C call made straight
+    /// from the job's own code (a `Lock` cannot be told from an `RLock` from outside).
+    Lock,
+    /// In `Condition.wait` (and what is built on it: `Event.wait`, `Queue.get`/`put`, `Semaphore`, `Barrier`).
+    Condition,
+    /// In `Thread.join`: for another thread to end.
+    Join,
+}
+
+impl ThreadWait {
+    /// In words: "waits for a lock".
+    pub fn words(self) -> &'static str {
+        match self {
+            ThreadWait::Lock => "waits for a lock",
+            ThreadWait::Condition => "waits on a condition",
+            ThreadWait::Join => "waits for a thread to end",
+        }
+    }
+}
+
+/// A thread named by another: its id and its name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadRef {
+    pub tid: Option<i32>,
+    pub name: Option<String>,
+}
+
+/// A deadlock inside one rank, likely: every thread of it waits, and two or more wait for a lock, a condition or
+/// another thread's end, so nothing in the process is left to release them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InRankDeadlock {
+    /// The threads that wait so (a subset of the culprit's `threads`), with their names and lines.
+    pub threads: Vec<ThreadPlace>,
+    /// In words: "two threads of rank 0 each wait for a lock: MainThread at train.py:71, metrics-flusher at
+    /// train.py:54".
+    pub words: String,
 }
 
 /// A thread blocked in a page fault on a memory-mapped file. `path`, `mount` and `fstype` of the culprit name the
@@ -431,6 +534,8 @@ impl Culprit {
             page_fault: None,
             lock_wait: None,
             waits_on_peer: None,
+            threads: Vec::new(),
+            deadlock: None,
         }
     }
 }

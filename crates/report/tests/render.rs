@@ -340,6 +340,8 @@ fn big_verdict() -> Verdict {
         thread_name: None,
         page_fault: None,
         lock_wait: None,
+        threads: Vec::new(),
+        deadlock: None,
         waits_on_peer: None,
     }];
     v.groups = vec![
