@@ -885,9 +885,9 @@ pub fn decide(nodes: &[NodeObservations], options: &DecideOptions) -> Verdict {
         scope: None,
         scope_evidence: Vec::new(),
         collectives,
+        container: None,
     };
     crate::scope::apply_scope(&mut verdict, &[]);
-        container: None,
     verdict
 }
 
