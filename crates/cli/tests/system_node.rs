@@ -95,6 +95,43 @@ fn logging_since(log: &Path, at_freeze: usize) -> String {
     }
 }
 
+/// For scripts/accuracy: the verdict of the watcher that named a culprit (n1's), from the evidence the services
+/// handed over under `out`, with the `thresholds.json` beside it. Nothing when none was handed over yet.
+fn record_watchers_verdict(out: &Path, took: Duration) {
+    if std::env::var_os("HANGWATCH_ACCURACY_DIR").is_none() {
+        return;
+    }
+    fn verdicts(dir: &Path, depth: u32, found: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.file_name().is_some_and(|n| n == "verdict.json") {
+                found.push(path);
+            } else if depth > 0 && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                verdicts(&path, depth - 1, found);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    wait_until(Duration::from_secs(20), POLL, || {
+        found.clear();
+        verdicts(out, 5, &mut found);
+        !found.is_empty()
+    });
+    let named = found.iter().find_map(|path| {
+        let verdict: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+        let dir = path.parent()?.to_path_buf();
+        let named = verdict["culprits"].as_array().is_some_and(|c| !c.is_empty());
+        named.then_some((verdict, dir))
+    });
+    if let Some((verdict, dir)) = named {
+        record_for_accuracy(&verdict, None, &dir, took);
+    }
+}
+
 fn service_log(out: &Path, node: &str) -> String {
     std::fs::read_to_string(out.join(format!("service-{node}.err"))).unwrap_or_default()
 }
@@ -221,6 +258,7 @@ fn frozen_writer_under_the_services(rank: impl Fn(&Path) -> String, within: Dura
         cluster.job(&hung),
         service_log(out, "n2")
     );
+    record_watchers_verdict(out, frozen_at.elapsed());
     let job = cluster.job(&hung);
     assert!(
         job.contains("AdminComment=hangwatch:"),

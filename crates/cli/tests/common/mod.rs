@@ -365,39 +365,51 @@ struct AccuracyRecord<'a> {
 }
 
 impl Finished {
-    /// With `HANGWATCH_ACCURACY_DIR` set (scripts/accuracy), writes what this run decided there, under the test's
-    /// name: the verdict's kind, scope and culprits, the exit code, and how long progress had stopped when the
-    /// verdict was made. scripts/accuracy compares them with the faults the tests inject (docs/accuracy.md).
+    /// With `HANGWATCH_ACCURACY_DIR` set (scripts/accuracy), writes what this run decided there (see
+    /// [`record_for_accuracy`]).
     fn record_for_accuracy(&self) {
-        let Some(dir) = std::env::var_os("HANGWATCH_ACCURACY_DIR") else {
-            return;
-        };
-        let test = std::thread::current()
-            .name()
-            .unwrap_or("unnamed")
-            .replace("::", "-");
-        let thresholds: Value = std::fs::read_to_string(self.report_dir.join("thresholds.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(Value::Null);
-        let record = AccuracyRecord {
-            test: &test,
-            exit_code: self.code,
-            verdict: &self.json,
-            stalled_for_s: thresholds["stalled_for_s"].as_f64(),
-            run_s: self.took.as_secs_f64(),
-        };
-        let dir = PathBuf::from(dir);
-        let _ = std::fs::create_dir_all(&dir);
-        // One file per run, numbered in order (a test may run hangwatch more than once).
-        let mut n = 1;
-        let mut path = dir.join(format!("{test}.{n:02}.json"));
-        while path.exists() {
-            n += 1;
-            path = dir.join(format!("{test}.{n:02}.json"));
-        }
-        let _ = std::fs::write(path, serde_json::to_vec_pretty(&record).unwrap_or_default());
+        record_for_accuracy(&self.json, self.code, &self.report_dir, self.took);
     }
+}
+
+/// With `HANGWATCH_ACCURACY_DIR` set (scripts/accuracy), writes what one run decided there, under the test's name:
+/// the verdict's kind, scope and culprits, the exit code, and how long progress had stopped when the verdict was
+/// made (the `thresholds.json` beside it in `report_dir`). scripts/accuracy compares them with the faults the
+/// tests inject (docs/accuracy.md). Also for runs that are not `hangwatch run` (the node service's watchers).
+pub fn record_for_accuracy(
+    verdict: &Value,
+    exit_code: Option<i32>,
+    report_dir: &Path,
+    took: Duration,
+) {
+    let Some(dir) = std::env::var_os("HANGWATCH_ACCURACY_DIR") else {
+        return;
+    };
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("unnamed")
+        .replace("::", "-");
+    let thresholds: Value = std::fs::read_to_string(report_dir.join("thresholds.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    let record = AccuracyRecord {
+        test: &test,
+        exit_code,
+        verdict,
+        stalled_for_s: thresholds["stalled_for_s"].as_f64(),
+        run_s: took.as_secs_f64(),
+    };
+    let dir = PathBuf::from(dir);
+    let _ = std::fs::create_dir_all(&dir);
+    // One file per run, numbered in order (a test may run hangwatch more than once).
+    let mut n = 1;
+    let mut path = dir.join(format!("{test}.{n:02}.json"));
+    while path.exists() {
+        n += 1;
+        path = dir.join(format!("{test}.{n:02}.json"));
+    }
+    let _ = std::fs::write(path, serde_json::to_vec_pretty(&record).unwrap_or_default());
 }
 
 impl Drop for HangwatchRun {
