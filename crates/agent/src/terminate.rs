@@ -291,7 +291,7 @@ pub fn terminate_with<P: JobProcess>(
 /// found blocked in the kernel (see [`stuck_pids`]).
 /// `container`: the job's container, when it is a container client's: each signal also goes to the container
 /// through its runtime (`kill`, under a deadline), and afterwards the container is settled
-/// ([`crate::container::settle`]: still running or not, its exit code, `rm` for `--rm`); `client_exit` gives the
+/// (`crate::container::settle`: still running or not, its exit code, `rm` for `--rm`); `client_exit` gives the
 /// client's exit code once it is gone.
 pub fn spawn_termination<P: JobProcess + Send + 'static>(
     mut procs: Vec<P>,
