@@ -136,26 +136,8 @@ fn service_log(out: &Path, node: &str) -> String {
     std::fs::read_to_string(out.join(format!("service-{node}.err"))).unwrap_or_default()
 }
 
-#[test]
-fn a_job_that_knows_nothing_of_hangwatch_is_ended_through_slurm_when_its_writer_freezes() {
-    let py = python().expect("python3");
-    let rank = scripts().join("../python/rank.py");
-    // The job sets RANK from SLURM_PROCID itself, as many training scripts do; nothing of hangwatch anywhere.
-    frozen_writer_under_the_services(
-        |log| {
-            format!(
-                "exec {py} {rank} --step-time 0.1 --log {log} --only-rank 0",
-                py = py.display(),
-                rank = rank.display(),
-                log = log.display(),
-            )
-        },
-        Duration::from_secs(60),
-    );
-}
-
-/// The same with real torch ranks (gloo, a DataLoader with 2 workers each, an all_reduce per step), and no
-/// TaskProlog: the watchers' only sign of life is the ranks' CPU time, and ranks waiting in gloo's barrier keep
+/// A job that knows nothing of hangwatch (real torch ranks: gloo, a DataLoader with 2 workers each, an all_reduce
+/// per step; RANK set from SLURM_PROCID by the job itself), and no TaskProlog: the watchers' only sign of life is the ranks' CPU time, and ranks waiting in gloo's barrier keep
 /// using a little of it in gloo's event loop thread. That is not progress, and the job is ended within 40 s of the
 /// freeze, as `run` ends it.
 #[test]
