@@ -290,7 +290,8 @@ fn hangwatch_own(process: &ProcessObservation, thread: &ThreadObservation) -> bo
     python.is_some_and(named) || thread.name.as_deref().is_some_and(named)
 }
 
-/// Whether the process used CPU for most of the sample window (in any thread) or its main thread is on a CPU.
+/// Whether the process used CPU for most of the sample window (in any thread of its own work) or its main thread
+/// is on a CPU.
 ///
 /// A main thread seen in R counts only when it was also charged CPU during the window: a thread that wakes from a
 /// timed wait twice a second is runnable for a moment at each wake, longer on a loaded node, and one instant of R
@@ -298,9 +299,17 @@ fn hangwatch_own(process: &ProcessObservation, thread: &ThreadObservation) -> bo
 /// the window's CPU time is not known (no earlier sample of the thread), the roll call's second look stands in
 /// for it: on a CPU again and charged CPU since; only without that is the instant all there is.
 fn is_busy(process: &ProcessObservation, window_ms: u64) -> bool {
+    // Libraries' background threads (NCCL's proxy polls a core while its rank waits) and hangwatch's own are not
+    // the rank's work (crate::work).
     let cpu: u64 = process
         .threads
         .iter()
+        .filter(|t| {
+            !t.name
+                .as_deref()
+                .is_some_and(crate::work::housekeeping_thread)
+                && !hangwatch_own(process, t)
+        })
         .filter_map(|t| t.cpu_ms_during_sample)
         .sum();
     let charged = |t: &ThreadObservation| match (t.cpu_ms_during_sample, t.second_look) {
@@ -500,6 +509,27 @@ mod tests {
         assert!(!is_busy(&looked_again('S', Some(0)), 1200));
         assert!(!is_busy(&looked_again('R', Some(0)), 1200));
         assert!(is_busy(&looked_again('R', Some(150)), 1200));
+    }
+
+    #[test]
+    fn a_polling_library_thread_does_not_make_a_waiting_rank_busy() {
+        let mut rank = main_thread('S', Some(0));
+        rank.threads.push(ThreadObservation {
+            tid: 43,
+            name: Some("NCCL Progress 0".into()),
+            state: 'R',
+            cpu_ms_during_sample: Some(1_100),
+            ..Default::default()
+        });
+        assert!(
+            !is_busy(&rank, 1200),
+            "NCCL's proxy polls while its rank waits"
+        );
+        rank.threads[1].name = Some("python".into());
+        assert!(
+            is_busy(&rank, 1200),
+            "a thread of the job's own that computes"
+        );
     }
 
     #[test]
