@@ -1,21 +1,31 @@
-"""A stand-in object store for the socket next-hop tests: accepts HTTP PUTs and reads their bodies, on 127.0.0.1 at a
-free port (`store_server.py tcp`) or on a Unix socket (`store_server.py unix PATH`). Prints `listening ADDRESS` once
-ready. The test stops it (SIGSTOP) to make an uploading rank wait in sendto()."""
+"""A stand-in object store for the socket next-hop tests: accepts HTTP PUTs and reads their bodies at 4 MB/s, on
+127.0.0.1 at a free port (`store_server.py tcp`) or on a Unix socket (`store_server.py unix PATH`). Prints
+`listening ADDRESS` once ready and `receiving` once a body has started to arrive, so that the test stops it (SIGSTOP)
+while an upload is surely in flight: the uploading rank then waits in sendto() with its data queued."""
 
 import http.server
 import os
 import socketserver
 import sys
+import time
+
+RATE = 4 << 20
+CHUNK = 1 << 16
 
 
 class Store(http.server.BaseHTTPRequestHandler):
     def do_PUT(self):
         left = int(self.headers.get("Content-Length", 0))
+        said = False
         while left > 0:
-            chunk = self.rfile.read(min(left, 1 << 16))
+            chunk = self.rfile.read(min(left, CHUNK))
             if not chunk:
                 break
             left -= len(chunk)
+            if not said:
+                print("receiving", flush=True)
+                said = True
+            time.sleep(len(chunk) / RATE)
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()

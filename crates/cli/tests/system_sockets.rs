@@ -28,6 +28,8 @@ struct Store {
     guard: ChildGuard,
     /// `127.0.0.1:PORT` or `unix:/PATH`.
     address: String,
+    /// Its output lines after the first.
+    lines: std::sync::mpsc::Receiver<String>,
 }
 
 impl Store {
@@ -41,8 +43,9 @@ impl Store {
         )
         .expect("the store starts");
         let stdout = guard.child_mut().stdout.take().expect("its stdout");
+        let mut reader = std::io::BufReader::new(stdout);
         let mut line = String::new();
-        std::io::BufReader::new(stdout)
+        reader
             .read_line(&mut line)
             .expect("the store says where it listens");
         let address = line
@@ -50,11 +53,36 @@ impl Store {
             .strip_prefix("listening ")
             .unwrap_or_else(|| panic!("unexpected first line from the store: {line:?}"))
             .to_string();
-        Store { guard, address }
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in reader.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Store {
+            guard,
+            address,
+            lines,
+        }
     }
 
     fn pid(&self) -> u32 {
         self.guard.pid()
+    }
+
+    /// Whether the store said `receiving` (an upload is in flight) within `timeout`.
+    fn receiving(&self, timeout: Duration) -> bool {
+        let until = std::time::Instant::now() + timeout;
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line == "receiving" => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
+        false
     }
 }
 
@@ -64,7 +92,7 @@ impl Drop for Store {
     }
 }
 
-/// Runs 2 ranks of socket_rank.py uploading to `store`; once rank 0 uploaded once, the store is stopped.
+/// Runs 2 ranks of socket_rank.py uploading to `store`; once an upload is in flight, the store is stopped.
 fn upload_to_stopped(py: &Path, store: &mut Store, url: &str) -> Finished {
     let job: Vec<String> = [
         py.to_string_lossy().into_owned(),
@@ -79,13 +107,9 @@ fn upload_to_stopped(py: &Path, store: &mut Store, url: &str) -> Finished {
         &["--nproc", "2", "--stall-after", STALL_AFTER, "--quiet"],
         &job,
     );
-    let output = run.report_dir().join("output.log");
     assert!(
-        hangwatch_testkit::wait_until(Duration::from_secs(30), POLL, || std::fs::read_to_string(
-            &output
-        )
-        .is_ok_and(|t| t.contains("uploaded 1"))),
-        "rank 0 never uploaded:\n{}",
+        store.receiving(Duration::from_secs(30)),
+        "rank 0 never started uploading:\n{}",
         run.stderr_text()
     );
     run.track_descendants();

@@ -28,6 +28,12 @@ pub const MAX_WAITS_PER_PROCESS: usize = 8;
 /// At most this many peers' owners are looked for, and this many outside the job observed.
 pub const MAX_PEERS: usize = 64;
 pub const MAX_PEERS_OBSERVED: usize = 4;
+/// The window a peer outside the job is observed over: none (two samples back to back). Its state and call are
+/// what matter (stopped, in D, in which call on which file), and the roll call must not wait a window for them.
+pub const PEER_WINDOW: Duration = Duration::ZERO;
+/// How long the scan of descriptors for the peers' processes may take: a bound for a node with many processes
+/// (found at once in the usual case: the peer is one of the job's waits, or a process started with the job).
+pub const SCAN_BUDGET: Duration = Duration::from_millis(100);
 /// How long one namespace's netlink dump may take before its thread is abandoned and /proc/PID/net read instead.
 pub const DUMP_DEADLINE: Duration = Duration::from_millis(500);
 
@@ -241,7 +247,11 @@ pub fn fill_socket_waits(
         return;
     }
     let job: Vec<i32> = observations.iter().map(|o| o.pid).collect();
-    let owners = owners_of(procfs, &wanted, &job);
+    let known: HashMap<u64, i32> = observations
+        .iter()
+        .flat_map(|o| o.socket_waits.iter().map(move |w| (w.inode, o.pid)))
+        .collect();
+    let owners = owners_of(procfs, &wanted, &known, &job, SCAN_BUDGET);
     let outside: Vec<i32> = {
         let mut v: Vec<i32> = owners
             .values()
@@ -256,7 +266,16 @@ pub fn fill_socket_waits(
     let observed: HashMap<i32, ProcessObservation> = std::thread::scope(|s| {
         let handles: Vec<_> = outside
             .iter()
-            .map(|&pid| s.spawn(move || (pid, procfs.observe_process(pid, window, clk_tck).ok())))
+            .map(|&pid| {
+                s.spawn(move || {
+                    (
+                        pid,
+                        procfs
+                            .observe_process(pid, PEER_WINDOW.min(window), clk_tck)
+                            .ok(),
+                    )
+                })
+            })
             .collect();
         handles
             .into_iter()
@@ -276,24 +295,44 @@ pub fn fill_socket_waits(
                     peer.comm = procfs.stat(pid).ok().map(|s| s.comm);
                     peer.observation = observed.get(&pid).cloned().map(Box::new);
                 }
-                None => w.peer = None,
+                None => {
+                    let inode = peer.inode;
+                    w.peer = None;
+                    w.unreadable = Some(format!(
+                        "the process holding the other end (socket {inode}) was not found within {} ms of \
+                         descriptor scan",
+                        SCAN_BUDGET.as_millis()
+                    ));
+                }
             }
         }
     }
 }
 
-/// Which process holds each socket inode (a scan of descriptors by `readlink`, the job's processes first, then
-/// everyone else, stopping once all are found).
-fn owners_of(procfs: &ProcFs, inodes: &[u64], job: &[i32]) -> HashMap<u64, i32> {
-    let mut found: HashMap<u64, i32> = HashMap::new();
+/// Which process holds each socket inode: those the job's own waits name are known; the rest by a scan of
+/// descriptors (`readlink`), everyone outside the job newest first (a store or sidecar the job talks to was most
+/// likely started with it, after the node's daemons), then the job's processes, stopping once all are found or
+/// after `budget`.
+fn owners_of(
+    procfs: &ProcFs,
+    inodes: &[u64],
+    known: &HashMap<u64, i32>,
+    job: &[i32],
+    budget: Duration,
+) -> HashMap<u64, i32> {
+    let mut found: HashMap<u64, i32> = inodes
+        .iter()
+        .filter_map(|i| Some((*i, *known.get(i)?)))
+        .collect();
+    let started = std::time::Instant::now();
     let own = std::process::id();
-    let others = procfs
-        .all_stats()
+    let mut pids = procfs.pids();
+    pids.sort_unstable_by(|a, b| b.cmp(a));
+    let others = pids
         .into_iter()
-        .map(|s| s.pid)
         .filter(|p| !job.contains(p) && u32::try_from(*p).ok() != Some(own));
-    for pid in job.iter().copied().chain(others) {
-        if found.len() == inodes.len() {
+    for pid in others.chain(job.iter().copied()) {
+        if found.len() == inodes.len() || started.elapsed() > budget {
             break;
         }
         for fd in procfs.open_fds(pid).unwrap_or_default() {
@@ -308,30 +347,26 @@ fn owners_of(procfs: &ProcFs, inodes: &[u64], job: &[i32]) -> HashMap<u64, i32> 
     found
 }
 
-/// Dumps the sockets of the namespace at `ns_path` through netlink in a thread of its own (entering the namespace
-/// unless `own`), waiting at most `deadline`; a thread that does not answer by then is left to finish alone.
+/// Dumps the sockets of the namespace at `ns_path` through netlink: here when it is hangwatch's own (`own`), else
+/// in a thread that enters it, waited for at most `deadline` (a thread that does not answer by then is left to
+/// finish alone; it is never reused, being in another namespace).
 fn dump_in(
     ns_path: &std::path::Path,
     own: bool,
     deadline: Duration,
 ) -> Result<Vec<NetSocket>, String> {
-    let ns = if own {
-        None
-    } else {
-        Some(
-            std::fs::File::open(ns_path)
-                .map_err(|e| format!("cannot open {}: {e}", ns_path.display()))?,
-        )
-    };
+    if own {
+        // No namespace to enter: the dump runs here, each receive bounded by the socket's timeout.
+        return diag::dump(deadline);
+    }
+    let ns = std::fs::File::open(ns_path)
+        .map_err(|e| format!("cannot open {}: {e}", ns_path.display()))?;
     let (tx, rx) = mpsc::channel();
     std::thread::Builder::new()
         .name("hw-sock-diag".into())
         .spawn(move || {
-            let result = ns
-                .map_or(Ok(()), |f| {
-                    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
-                        .map_err(|e| format!("cannot enter its network namespace: {e}"))
-                })
+            let result = nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("cannot enter its network namespace: {e}"))
                 .and_then(|()| diag::dump(deadline));
             let _ = tx.send(result);
         })

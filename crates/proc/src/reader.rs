@@ -289,6 +289,16 @@ impl ProcFs {
         out
     }
 
+    /// Every process's pid (the numbered names in the /proc root; nothing read in them).
+    pub fn pids(&self) -> Vec<i32> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .collect()
+    }
+
     /// Every process's `stat` (a scan of the /proc root; processes that exit meanwhile are skipped).
     pub fn all_stats(&self) -> Vec<TaskStat> {
         let Ok(entries) = std::fs::read_dir(&self.root) else {
