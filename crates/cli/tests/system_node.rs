@@ -124,7 +124,9 @@ fn record_watchers_verdict(out: &Path, took: Duration) {
         let verdict: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
         let dir = path.parent()?.to_path_buf();
-        let named = verdict["culprits"].as_array().is_some_and(|c| !c.is_empty());
+        let named = verdict["culprits"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty());
         named.then_some((verdict, dir))
     });
     if let Some((verdict, dir)) = named {

@@ -11,8 +11,8 @@
 //! - [`faults`]: a rank blocked in a page fault: the memory-mapped file it reads, or the candidates.
 //! - [`fs_stall`]: the fast path for a rank stuck on a filesystem (or stopped) while the job stalls.
 //! - [`ranks`]: who is a rank in a launcher's tree, and which processes are its workers.
-//! - [`sockets`]: whom a rank waiting on a socket waits for: the process at the other end, or the connection.
 //! - [`threads`]: a culprit rank's threads (name, state, kernel wait, own line) and a deadlock inside it.
+//! - [`sockets`]: whom a rank waiting on a socket waits for: the process at the other end, or the connection.
 //! - [`scope`]: what a fault belongs to (the filesystem, the node, the program), and why.
 //! - [`requeue`]: after a hung attempt under `--action requeue`: nodes to keep out, the restart budget.
 //! - [`work`]: whose CPU time is the job's work (a waiting rank's background threads are not).
@@ -30,8 +30,8 @@ pub mod ranks;
 pub mod requeue;
 pub mod rollcall;
 pub mod scope;
-pub mod threads;
 pub mod sockets;
+pub mod threads;
 pub mod work;
 
 pub use acting::{

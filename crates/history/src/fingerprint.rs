@@ -222,7 +222,7 @@ const BARE_WAITS: &[&str] = &[
 /// Families of bare waits, by prefix: every futex function, and a system call's own entry point.
 const BARE_WAIT_PREFIXES: &[&str] = &["futex_", "__futex", "__x64_sys_", "__arm64_sys_"];
 
-/// Whether a kernel wait is a bare one ([`BARE_WAITS`]).
+/// Whether a kernel wait is a bare one (`BARE_WAITS`).
 pub fn is_bare_wait(wait: &str) -> bool {
     let wait = wait.trim();
     BARE_WAITS.contains(&wait) || BARE_WAIT_PREFIXES.iter().any(|p| wait.starts_with(p))
