@@ -37,7 +37,7 @@ const HOUSEKEEPING: &[&str] = &[
     "hangwatch",
 ];
 
-/// Whether a thread of this name is a library's background thread (see [`HOUSEKEEPING`]).
+/// Whether a thread of this name is a library's background thread (see `HOUSEKEEPING`).
 pub fn housekeeping_thread(name: &str) -> bool {
     HOUSEKEEPING.iter().any(|prefix| name.starts_with(prefix))
 }
