@@ -97,13 +97,6 @@ fn frozen_rank_0_is_named(mut run: HangwatchRun, fs: &LoopExt4, expected_source:
             done.describe()
         );
     }
-    // Rank 1 waits in Lightning's barrier behind rank 0 in D, and Lightning's SIGTERM handler only records the
-    // signal: the grace is not spent waiting on it (it was 10 of the 32 s from the freeze to the end).
-    assert!(
-        done.stderr.contains("no grace is spent on rank 1"),
-        "{}",
-        done.describe()
-    );
     let rank0 = printed[&0];
     frozen.thaw().expect("thaw");
     assert!(
