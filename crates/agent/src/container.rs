@@ -10,15 +10,12 @@
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hangwatch_child::{external_command, run_with_deadline, ChildOutcome};
 use hangwatch_model::{ContainerEnded, ContainerRef};
 use hangwatch_proc::ProcFs;
-
-use crate::events::Event;
 
 /// How long one runtime call (`inspect`, `kill`, `rm`) may take: a daemon that answers does so in well under a
 /// second (podman 4.3 `inspect`: 60 ms, `kill`: 450 ms here).
@@ -492,13 +489,13 @@ fn client_alive(procfs: &ProcFs, pid: i32, start: Option<u64>) -> bool {
 }
 
 /// Starts the worker that finds the client's container: it waits for the id file, then for the container's first
-/// process (`inspect`, under [`RUNTIME_DEADLINE`]), for as long as the client runs; the answer comes to the loop as
-/// [`Event::Container`] and goes to `shared` for the termination.
+/// process (`inspect`, under [`RUNTIME_DEADLINE`]), for as long as the client runs; the answer goes to `report`
+/// (the loop's `Event::Container`) and to `shared` for the termination.
 pub(crate) fn spawn_finder(
     client: ClientCommand,
     client_pid: i32,
     shared: Shared,
-    events: SyncSender<Event>,
+    report: impl FnOnce(ContainerEvent) + Send + 'static,
 ) -> std::io::Result<()> {
     let procfs = ProcFs::new("/proc");
     let start = procfs.stat(client_pid).ok().map(|s| s.starttime);
@@ -506,7 +503,7 @@ pub(crate) fn spawn_finder(
         .name("hw-container".into())
         .spawn(move || {
             let event = find(&client, &procfs, client_pid, start, &shared);
-            let _ = events.send(Event::Container(event));
+            report(event);
         })
         .map(|_| ())
 }

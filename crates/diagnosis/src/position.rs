@@ -326,6 +326,19 @@ fn is_busy(process: &ProcessObservation, window_ms: u64) -> bool {
     (window_ms > 0 && cpu * 2 >= window_ms) || main_running
 }
 
+/// A state letter in words, for people.
+pub(crate) fn state_words(state: char) -> &'static str {
+    match state {
+        'D' => "uninterruptible sleep (D)",
+        'S' => "sleep (S)",
+        'R' => "running (R)",
+        'T' => "stopped (T)",
+        't' => "stopped by a tracer (t)",
+        'Z' => "zombie (Z)",
+        _ => "an unusual state",
+    }
+}
+
 /// Classifies one process. `window_ms` is the time between the two /proc samples.
 pub fn classify(process: &ProcessObservation, window_ms: u64) -> Position {
     classify_passing(process, window_ms, &[])

@@ -11,8 +11,8 @@ use hangwatch_model::{
 
 use crate::faults::{fault_place, fault_words, shared_file};
 use crate::position::{
-    classify, classify_passing, is_filesystem_file, passing_waits, syscall_file, Condition,
-    FrozenMount, Position,
+    classify, classify_passing, is_filesystem_file, passing_waits, state_words, syscall_file,
+    Condition, FrozenMount, Position,
 };
 
 /// One node's roll call in the shape older callers and tests build it; [`roll_call`] turns it into a slice of
@@ -1153,18 +1153,6 @@ fn in_rank(
     let deadlock =
         crate::threads::in_rank_deadlock(entry.process, &places, window_ms, &entry.label());
     (places, deadlock)
-}
-
-pub(crate) fn state_words(state: char) -> &'static str {
-    match state {
-        'D' => "uninterruptible sleep (D)",
-        'S' => "sleep (S)",
-        'R' => "running (R)",
-        'T' => "stopped (T)",
-        't' => "stopped by a tracer (t)",
-        'Z' => "zombie (Z)",
-        _ => "an unusual state",
-    }
 }
 
 fn reason(entry: &Entry, kind: VerdictKind) -> String {

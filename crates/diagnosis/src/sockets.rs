@@ -160,7 +160,7 @@ pub fn words(w: &PeerWait) -> String {
         }
         let state = p.state.as_deref().and_then(|s| s.chars().next());
         if let Some(state) = state {
-            parts.push(crate::rollcall::state_words(state).to_string());
+            parts.push(crate::position::state_words(state).to_string());
         }
         // A stopped process's call is where the stop found it, not what it waits for.
         let stopped = matches!(state, Some('T' | 't'));

@@ -166,8 +166,12 @@ impl Supervisor {
                 "hangwatch: the job is a {runtime_name} client: its ranks are found in the container it starts (by the id it writes to {})",
                 client.cidfile.display()
             ));
+            let events = tx.clone();
+            let report = move |found| {
+                let _ = events.send(Event::Container(found));
+            };
             if let Err(e) =
-                crate::container::spawn_finder(client, first.pid, container.clone(), tx.clone())
+                crate::container::spawn_finder(client, first.pid, container.clone(), report)
             {
                 tracing::warn!(error = %e, "cannot start the thread that finds the job's container");
                 say(format!("hangwatch: warning: cannot look for the job's container ({e}): only its {runtime_name} client is watched"));
